@@ -1,0 +1,62 @@
+# One entry point for maintainers, instructors and learners.  Every target puts the
+# environment's bin/ first on PATH: nbgrader runs `alembic` as a subprocess when it
+# creates a gradebook, and fails on a fresh course if it cannot find it.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+STAMP  := $(VENV)/.installed
+CH     ?= ch02
+
+.PHONY: help env site test test-fast release autograde feedback grades collect-zip benchmark clean
+
+help:
+	@echo "make site        build the website into _build/html (creates .venv if missing)"
+	@echo "make test        run the whole maintainers' test suite (creates .venv if missing)"
+	@echo "make test-fast   the suite without the nbgrader round trip and the site build"
+	@echo "make release   CH=ch02   student version -> release/CH/"
+	@echo "make autograde CH=ch02   grade every submitted/<student>/CH/ (one broken submission never stops the rest)"
+	@echo "make feedback  CH=ch02   feedback HTML -> feedback/<student>/CH/"
+	@echo "make grades              all grades -> grades.csv"
+	@echo "make collect-zip CH=ch02 unpack an LMS download from downloaded/CH/archive/ into submitted/"
+	@echo "make benchmark           notebook run time and autograde time per chapter"
+
+# The environment: pinned versions, the CPU build of torch (a local wheel on these machines).
+$(STAMP): requirements.txt utils/pyproject.toml solutions/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e utils -e solutions
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+env: $(STAMP)
+
+site: $(STAMP)
+	$(BIN)/python tools/build_site.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not slow"
+
+release: $(STAMP)
+	$(BIN)/nbgrader generate_assignment $(CH) --force
+
+autograde: $(STAMP)
+	$(BIN)/python tools/grade_class.py $(CH)
+
+feedback: $(STAMP)
+	$(BIN)/nbgrader generate_feedback $(CH) --force
+
+grades: $(STAMP)
+	$(BIN)/nbgrader export --to grades.csv
+
+collect-zip: $(STAMP)
+	$(BIN)/nbgrader zip_collect $(CH) --force
+
+benchmark: $(STAMP)
+	$(BIN)/python tools/benchmark.py
+
+clean:
+	rm -rf _build release autograded feedback gradebook.db grades.csv

@@ -1,0 +1,161 @@
+"""The grading server: builds randomized cases, computes reference answers, judges a submission's.
+
+It runs as ``python -I -m attncourse_ref.grading`` in a fresh interpreter, started by
+``attncourse.autograde`` from a hidden test cell.  Nothing the submission did to its own
+kernel (replacing ``torch.allclose``, seeding or patching ``torch.randn``, faking this
+package in ``sys.modules``) reaches this process: the reference answers and the comparison
+both happen here, and only numbers cross the pipe.
+"""
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+# Tolerances per dtype: (rtol, atol).  Cases are small (a few hundred terms per sum), so
+# float32 rounding stays well inside 1e-4 relative; float64 must agree almost to the bit.
+TOLERANCE = {np.dtype("float32"): (1e-4, 1e-5), np.dtype("float64"): (1e-7, 1e-9)}
+
+REGISTRY = {}
+
+
+def hidden_test(name):
+    """Register a case builder ``fn(rng) -> list[Case]`` under a test id like 'ch02.causal_mask'."""
+    def register(fn):
+        REGISTRY[name] = fn
+        return fn
+    return register
+
+
+def seed_for(test_id):
+    """Cases are pseudo-random but reproducible: a regrade gives the same verdict.
+
+    Set ATTNCOURSE_GRADING_SALT to draw a fresh set of cases (say, once per term).
+    """
+    salt = os.environ.get("ATTNCOURSE_GRADING_SALT", "attncourse")
+    return int.from_bytes(hashlib.sha256(f"{salt}:{test_id}".encode()).digest()[:8], "little")
+
+
+@dataclass
+class Case:
+    """One call of the submission: what to call and with what, and the reference's answer."""
+    call: dict                      # the JSON the client reads (see attncourse.autograde)
+    arrays: dict                    # named inputs referred to by ``call``
+    expected: list                  # reference outputs (and input gradients, if asked), as numpy
+    describe: str                   # shown to the learner when this case fails
+    tol: dict = field(default_factory=dict)   # per-dtype (rtol, atol) overrides
+
+
+def _encode(value, arrays, key):
+    if isinstance(value, torch.Tensor):
+        arrays[key] = value.detach().cpu().numpy()
+        return {"a": key}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"v": value}
+    raise TypeError(f"cannot send {type(value).__name__} to the client")
+
+
+def _flatten(out):
+    """The client normalises outputs the same way: a tuple of tensors/numbers -> list of arrays."""
+    items = out if isinstance(out, (tuple, list)) else (out,)
+    return [i.detach().cpu().numpy() if isinstance(i, torch.Tensor) else np.asarray(i) for i in items]
+
+
+def describe_value(v):
+    if isinstance(v, torch.Tensor):
+        return f"{list(v.shape)} {str(v.dtype).replace('torch.', '')}"
+    return repr(v)
+
+
+def _cotangents(outputs, rng, grad_outputs):
+    return [torch.from_numpy(rng.standard_normal(outputs[i].shape)).to(outputs[i].dtype) for i in grad_outputs]
+
+
+def function_case(fn, args, kwargs=None, *, rng=None, grad_args=(), grad_outputs=(0,), describe="", tol=None):
+    """A call ``fn(*args, **kwargs)``; with ``grad_args``, also d<outputs, cotangents>/d args."""
+    kwargs = kwargs or {}
+    arrays = {}
+    call = {"kind": "function",
+            "args": [_encode(a, arrays, f"arg{i}") for i, a in enumerate(args)],
+            "kwargs": {k: _encode(v, arrays, f"kw_{k}") for k, v in kwargs.items()}}
+    args = [a.detach().clone().requires_grad_(i in grad_args) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for i, a in enumerate(args)]
+    out = fn(*args, **kwargs)
+    expected = _flatten(out)
+    if grad_args:
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        cots = _cotangents(outs, rng, grad_outputs)
+        for j, (i, c) in enumerate(zip(grad_outputs, cots)):
+            arrays[f"cot{j}"] = c.numpy()
+        call["grad"] = {"args": list(grad_args), "outputs": list(grad_outputs),
+                        "cotangents": [f"cot{j}" for j in range(len(cots))]}
+        total = sum((outs[i] * c).sum() for i, c in zip(grad_outputs, cots))
+        grads = torch.autograd.grad(total, [args[i] for i in grad_args], allow_unused=True)
+        expected += [np.zeros(args[i].shape, dtype=args[i].detach().numpy().dtype) if g is None else g.numpy()
+                     for i, g in zip(grad_args, grads)]
+    return Case(call, arrays, expected, describe or _describe_call(args, kwargs), tol or {})
+
+
+def module_case(module, init, args, kwargs=None, *, describe="", tol=None):
+    """Build the submission's module with ``init``, load ``module``'s weights into it, call it."""
+    kwargs = kwargs or {}
+    module.eval()
+    arrays = {}
+    dtype = next(module.parameters()).dtype
+    call = {"kind": "module", "init": init, "dtype": str(dtype).replace("torch.", ""),
+            "state": {name: _encode(t, arrays, f"state.{name}")["a"] for name, t in module.state_dict().items()},
+            "args": [_encode(a, arrays, f"arg{i}") for i, a in enumerate(args)],
+            "kwargs": {k: _encode(v, arrays, f"kw_{k}") for k, v in kwargs.items()}}
+    with torch.no_grad():
+        expected = _flatten(module(*args, **kwargs))
+    text = describe or f"{type(module).__name__}({', '.join(f'{k}={v}' for k, v in init.items())}) on " + _describe_call(args, kwargs)
+    return Case(call, arrays, expected, text, tol or {})
+
+
+def _describe_call(args, kwargs):
+    parts = [describe_value(a) for a in args] + [f"{k}={describe_value(v)}" for k, v in kwargs.items()]
+    return "(" + ", ".join(parts) + ")"
+
+
+def compare(case, got):
+    """None if ``got`` (list of arrays from the client) matches the reference, else the reason."""
+    exp = case.expected
+    if len(got) != len(exp):
+        return f"expected {len(exp)} returned value(s) (plus gradients), got {len(got)}"
+    for i, (g, e) in enumerate(zip(got, exp)):
+        what = f"returned value {i}" if i < len(exp) - len(case.call.get("grad", {}).get("args", [])) else "the gradient"
+        if g.shape != e.shape:
+            return f"{what} has shape {list(g.shape)}, expected {list(e.shape)}"
+        if e.dtype == np.bool_:
+            if g.dtype != np.bool_:
+                return f"{what} has dtype {g.dtype}, expected bool"
+            if not np.array_equal(g, e):
+                return f"{what}: {int((g != e).sum())} of {e.size} entries differ from the reference"
+            continue
+        if e.dtype.kind == "f":
+            if g.dtype != e.dtype:
+                return f"{what} has dtype {g.dtype}, expected {e.dtype} (keep the inputs' dtype)"
+            rtol, atol = case.tol.get(e.dtype, TOLERANCE.get(e.dtype, (1e-5, 1e-6)))
+            same_nan = np.array_equal(np.isnan(g), np.isnan(e))
+            ok = same_nan and np.allclose(np.nan_to_num(g), np.nan_to_num(e), rtol=rtol, atol=atol)
+            if not ok:
+                err = np.abs(np.nan_to_num(g) - np.nan_to_num(e))
+                worst = np.unravel_index(int(np.argmax(err)), err.shape) if err.ndim else ()
+                return (f"{what} differs from the reference: max abs error {float(err.max()):.3g} at index "
+                        f"{tuple(int(x) for x in worst)} (tolerance rtol={rtol:g}, atol={atol:g})"
+                        + ("" if same_nan else "; NaNs in different places"))
+            continue
+        if g.shape != e.shape or not np.array_equal(g, e):
+            return f"{what} differs from the reference"
+    return None
+
+
+def layer_case(fn, kind, weight, args, *, describe="", tol=None):
+    """Call ``fn(layer, *args)`` where ``layer`` is the fixed layer ``kind`` (attncourse.layers)."""
+    from attncourse.layers import make_layer
+    arrays = {"weight": weight.numpy()}
+    call = {"kind": "layer", "layer": kind, "weight": "weight",
+            "args": [_encode(a, arrays, f"arg{i}") for i, a in enumerate(args)], "kwargs": {}}
+    expected = _flatten(fn(make_layer(kind, weight), *args))
+    return Case(call, arrays, expected, describe or f"(layer={kind!r}, " + _describe_call(args, {})[1:], tol or {})
