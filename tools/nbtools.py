@@ -1,7 +1,10 @@
 """Notebook transformations shared by the site build, the class grader, the fake class and the tests."""
 import ast
 import inspect
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -92,7 +95,7 @@ def fill_regions(source, body_for):
         if line.strip() == BEGIN:
             region, indent = [], line[: len(line) - len(line.lstrip())]
         elif line.strip() == END and region is not None:
-            out.extend(textwrap.indent(body_for("\n".join(region)), indent).splitlines())
+            out.extend(textwrap.indent(body_for(textwrap.dedent("\n".join(region))), indent).splitlines())
             region = None
         elif region is not None:
             region.append(line)
@@ -125,3 +128,15 @@ def write(nb, path):
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(path))
     return path
+
+
+def nbgrader(*args, root):
+    """Run ``nbgrader ARGS`` for the course at ``root`` with this repository's nbgrader_config.py.
+
+    The environment's bin/ goes first on PATH: nbgrader runs ``alembic`` as a subprocess when
+    it creates a gradebook.
+    """
+    bindir = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    cmd = [str(bindir / "nbgrader"), *args, f"--CourseDirectory.root={root}"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)

@@ -27,7 +27,7 @@ _REF_PACKAGE = "attncourse_ref"
 _server = None
 
 
-def _start_server():
+def start_server():
     global _server
     if _server is not None and _server.poll() is None:
         return _server
@@ -128,25 +128,22 @@ class _ReferenceWatch:
             sys.setprofile(previous)
 
 
-def grade(test_id, candidate):
-    """Run hidden test ``test_id`` on ``candidate``; raise AssertionError saying what is wrong."""
-    imported = sorted(m for m in sys.modules if m == _REF_PACKAGE or m.startswith(_REF_PACKAGE + "."))
-    if imported:
-        raise AssertionError(f"the submission imported the course's reference package ({imported[0]}); "
-                             "submissions must not use it")
-    server = _start_server()
+def run_hidden_test(test_id, candidate, watch=None):
+    """Run ``candidate`` on the server's cases for ``test_id``; return the verdict
+    {'n_cases': int, 'failures': [str]}.  ``watch`` (a _ReferenceWatch) sees every call."""
+    server = start_server()
     _wire.send(server.stdin, {"test": test_id})
     meta, arrays = _wire.recv(server.stdout)
     if "error" in meta:
         raise RuntimeError(meta["error"])
-    watch = _ReferenceWatch()
+    watching = watch.watching if watch else contextlib.nullcontext
     results, outputs = [], {}
     noise = io.StringIO()
     for i, call in enumerate(meta["cases"]):
         try:
             # Warnings and stderr from the submission are kept out of the test cell: nbgrader
             # scores any stderr in a test cell as a failure, even a harmless warning.
-            with watch.watching(), contextlib.redirect_stderr(noise), warnings.catch_warnings():
+            with watching(), contextlib.redirect_stderr(noise), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 got = _run_case(i, call, arrays, candidate)
         except NotImplementedError:
@@ -158,12 +155,22 @@ def grade(test_id, candidate):
         for j, arr in enumerate(got):
             outputs[f"c{i}/out{j}"] = arr
         results.append({"n": len(got)})
-    if watch.hit:
-        server.kill()
-        raise AssertionError(f"the submission called the course's reference code ({watch.hit}); "
-                             "submissions must not use it")
     _wire.send(server.stdin, {"results": results}, outputs)
     verdict, _ = _wire.recv(server.stdout)
+    return verdict
+
+
+def grade(test_id, candidate):
+    """Hidden test cell entry point: raise AssertionError saying what is wrong, print a line if all passed."""
+    imported = sorted(m for m in sys.modules if m == _REF_PACKAGE or m.startswith(_REF_PACKAGE + "."))
+    if imported:
+        raise AssertionError(f"the submission imported the course's reference package ({imported[0]}); "
+                             "submissions must not use it")
+    watch = _ReferenceWatch()
+    verdict = run_hidden_test(test_id, candidate, watch)
+    if watch.hit:
+        raise AssertionError(f"the submission called the course's reference code ({watch.hit}); "
+                             "submissions must not use it")
     failures = verdict["failures"]
     if failures:
         shown = "\n  ".join(failures[:3]) + (f"\n  ... and {len(failures) - 3} more" if len(failures) > 3 else "")

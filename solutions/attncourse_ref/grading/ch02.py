@@ -1,9 +1,11 @@
 """Hidden tests for chapter 02: randomized shapes, dtypes, masks and weights."""
+import itertools
+
 import numpy as np
 import torch
 
 from .. import attention as ref
-from . import function_case, hidden_test, layer_case, module_case
+from . import fixed, function_case, hidden_test, layer_case, module_case
 
 LEADING = [(), (2,), (2, 3), (1, 4)]          # batch and head dimensions broadcast
 
@@ -120,3 +122,50 @@ def equivariance_gap(rng):
         cases.append(layer_case(ref.equivariance_gap, kind, weight, [x, perm],
                                 tol={np.dtype("float64"): (1e-6, 1e-6)}))
     return cases
+
+
+def check_data():
+    """Fixed inputs and expected values for the visible checks (tools/make_check_data.py writes them)."""
+    q, k, v = fixed((3, 4), 1), fixed((5, 4), 2), fixed((5, 2), 3)
+    mask = torch.tensor([[1, 1, 0, 0, 1], [0, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    out, w = ref.scaled_dot_product_attention(q, k, v)
+    mout, mw = ref.scaled_dot_product_attention(q, k, v, mask)
+    attention = {"q": q, "k": k, "v": v, "raw_scores": q @ k.T, "output": out, "weights": w,
+                 "mask": mask, "masked_output": mout, "masked_weights": mw}
+
+    torch.manual_seed(0)
+    sa = ref.SelfAttention(4, 3).double()
+    x = fixed((5, 4), 4)
+    y, a = sa(x)
+    orders = {}
+    blocks = dict(zip("QKV", sa.qkv.weight.detach().split(3))), dict(zip("QKV", sa.qkv.bias.detach().split(3)))
+    for order in itertools.permutations("QKV"):
+        # A learner who splits the fused output as `order` reads block i as order[i]:
+        # equivalent to the reference with the blocks rearranged accordingly.
+        other = ref.SelfAttention(4, 3).double()
+        placed = {name: i for i, name in enumerate(order)}
+        with torch.no_grad():
+            other.qkv.weight.copy_(torch.cat([blocks[0]["QKV"[placed[n]]] for n in "QKV"]))
+            other.qkv.bias.copy_(torch.cat([blocks[1]["QKV"[placed[n]]] for n in "QKV"]))
+        orders["".join(order)] = other(x)[0]
+    self_attention = {"init": {"d_model": 4, "d_head": 3}, "state": dict(sa.state_dict()), "x": x,
+                      "output": y, "weights": a, "causal_output": sa(x, ref.causal_mask(5))[0],
+                      "split_orders": orders}
+
+    torch.manual_seed(1)
+    ca = ref.CrossAttention(3, 5, 2).double()
+    xq, ctx = fixed((2, 3), 5), fixed((4, 5), 6)
+    cy, cw = ca(xq, ctx)
+    swapped = ref.CrossAttention(3, 5, 2).double()
+    swapped.load_state_dict(ca.state_dict())
+    with torch.no_grad():
+        kw, vw = ca.kv_proj.weight.split(2)
+        kb, vb = ca.kv_proj.bias.split(2)
+        swapped.kv_proj.weight.copy_(torch.cat([vw, kw]))
+        swapped.kv_proj.bias.copy_(torch.cat([vb, kb]))
+    cmask = torch.tensor([[1, 0, 1, 1], [0, 1, 0, 0]], dtype=torch.bool)
+    cross_attention = {"init": {"d_query": 3, "d_context": 5, "d_head": 2}, "state": dict(ca.state_dict()),
+                       "x": xq, "context": ctx, "output": cy, "weights": cw, "kv_swapped_output": swapped(xq, ctx)[0],
+                       "mask": cmask, "masked_output": ca(xq, ctx, cmask)[0]}
+    return {"attention": attention, "causal_mask_5": ref.causal_mask(5),
+            "self_attention": self_attention, "cross_attention": cross_attention}

@@ -1,5 +1,6 @@
 """Shared machinery of the visible checks: calling learner code, comparing, reporting."""
 import json
+import warnings
 from importlib import resources
 
 import torch
@@ -33,9 +34,18 @@ def require_callable(obj, name, kind="function"):
 
 
 def call(fn, *args, what, **kwargs):
-    """Call learner code; turn 'not implemented' and crashes into messages that say where."""
+    """Call learner code; turn 'not implemented' and crashes into messages that say where.
+
+    Warnings raised by learner code are reported on stdout: on stderr, nbgrader would score
+    the whole test cell 0 for a harmless warning.
+    """
     try:
-        return fn(*args, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fn(*args, **kwargs)
+        for w in caught[:3]:
+            print(f"note: {what} warned: {w.category.__name__}: {w.message}")
+        return result
     except NotImplementedError:
         fail(f"{what} is not implemented yet: replace `raise NotImplementedError()` with your code")
     except CheckFailed:

@@ -64,7 +64,11 @@ def check_attention(fn):
     qb = torch.stack([q, q.flip(0)]).unsqueeze(1).expand(2, 3, 3, 4)
     kb = torch.stack([k, k.flip(0)]).unsqueeze(1).expand(2, 3, 5, 4)
     vb = torch.stack([v, v.flip(0)]).unsqueeze(1).expand(2, 3, 5, 2)
-    res = call(fn, qb, kb, vb, what="scaled_dot_product_attention on [2, 3, N, d] inputs")
+    try:
+        res = fn(qb, kb, vb)
+    except Exception as exc:
+        fail(f"with batch and head dimensions ([2, 3, N, d] inputs) your function raised {type(exc).__name__}: "
+             f"{exc}. Transpose only the last two dimensions of k (k.transpose(-2, -1)), not k.T or dims 0 and 1")
     ob, wb = expect_pair(res, "scaled_dot_product_attention")
     if tuple(wb.shape) != (2, 3, 3, 5) or tuple(ob.shape) != (2, 3, 3, 2):
         fail(f"with batch and head dimensions [2, 3] the weights should be [2, 3, 3, 5] and the output [2, 3, 3, 2]; "
@@ -95,6 +99,9 @@ def check_attention_mask(fn):
     blocked, allowed = w[~mask], w[mask]
     if (blocked.abs() > 1e-9).any() and (allowed.abs() < 1e-9).all():
         fail("your mask is inverted: True means 'may attend', so weights must be 0 where the mask is False")
+    if close(w, tensor(c["weights"])):
+        fail("your function ignores the mask: the weights are the same as without it. Set the scores where "
+             "the mask is False to float('-inf') before the softmax")
     if (blocked.abs() > 1e-9).any():
         fail("positions where the mask is False still get weight. Filling their scores with 0 is not enough "
              "(exp(0) = 1 still counts): fill them with float('-inf') before the softmax")
@@ -190,7 +197,10 @@ def check_cross_attention(cls):
     if not close(y, tensor(c["output"])):
         fail(f"CrossAttention output differs from the expected one (max error "
              f"{max_error(y, tensor(c['output'])):.3g})")
-    ok("CrossAttention: queries from x, keys and values from the context")
+    masked = call(module, x, ctx, mask=torch.tensor(c["mask"]), what="CrossAttention.forward(x, context, mask)")
+    if not close(expect_pair(masked, "CrossAttention.forward")[0], tensor(c["masked_output"])):
+        fail("CrossAttention ignores its mask argument: pass it on to your attention function")
+    ok("CrossAttention: queries from x, keys and values from the context, mask passed on")
 
 
 def check_equivariance_gap(fn):

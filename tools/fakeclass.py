@@ -1,0 +1,189 @@
+"""A fake class for one chapter: submissions whose correct grades are known in advance.
+
+    python tools/fakeclass.py ch02 --root /tmp/course     # writes release + submitted/<student>/ch02/
+
+Used by tests/test_fake_class.py and tools/benchmark.py.  Students:
+  correct       every solution cell filled in from the reference package (full marks)
+  blank         the release untouched (zero)
+  zoo-N         mistake-zoo variants (tests/zoo/<chapter>.py), packed so that no two in one
+                student touch the same test cells: each loses exactly its own points
+  cheat-*, loop, killer, warning: the generic attacks of ``generic_students``
+"""
+import argparse
+import importlib
+import re
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nbtools  # noqa: E402
+
+sys.path.insert(0, str(nbtools.ROOT / "tests"))
+
+
+def zoo(chapter):
+    return importlib.import_module(f"zoo.{chapter}").VARIANTS
+
+
+def cells_tested(nb):
+    """{solution grade_id: [test grade_ids that follow it before the next solution cell]}."""
+    own, current = {}, None
+    for c in nb.cells:
+        if nbtools.is_solution(c):
+            current = nbtools.grade_info(c)["grade_id"]
+            own[current] = []
+        elif nbtools.is_test(c) and current:
+            own[current].append(nbtools.grade_info(c)["grade_id"])
+    return own
+
+
+def pack(variants):
+    """Group variants so that within a group cells differ and the failing test sets are disjoint."""
+    groups = []
+    for v in variants:
+        for g in groups:
+            if all(v.cell != o.cell and not (v.fails & o.fails) for o in g):
+                g.append(v)
+                break
+        else:
+            groups.append([v])
+    return groups
+
+
+class Student:
+    def __init__(self, name, overrides=None, fails=(), note=""):
+        self.name, self.overrides, self.fails, self.note = name, overrides or {}, set(fails), note
+
+
+def generic_students(chapter, instructor):
+    """Attacks that every chapter must withstand, written against the chapter's first exercises."""
+    sol = [nbtools.grade_info(c)["grade_id"] for c in instructor.cells if nbtools.is_solution(c)]
+    own = cells_tested(instructor)
+    all_tests = set(nbtools.points(instructor))
+    first, last = sol[0], sol[-1]
+    first_src = next(c.source for c in instructor.cells if nbtools.grade_info(c).get("grade_id") == first)
+    name = first_src.split("def ", 1)[1].split("(", 1)[0] if first_src.lstrip().startswith("def ") else None
+    downstream = cascade(instructor, first)
+    students = [
+        Student("correct"),
+        Student("blank", fails=all_tests, note="release untouched"),
+        Student("cheat-import", {first: f"from attncourse_ref.{reference_module(first_src)} import {name}"},
+                fails=downstream, note="imports the reference"),
+        Student("cheat-sneaky", {last: sneaky_reference(instructor, last)}, fails=own[last],
+                note="imports the reference around the guard and calls it"),
+        Student("cheat-allclose", {first: PATCH_COMPARISONS + wrong_body(instructor, first)}, fails=downstream,
+                note="replaces torch/numpy comparison functions, wrong code"),
+        Student("loop", {last: loop_body(instructor, last)}, fails=own[last], note="infinite loop"),
+        Student("killer", {last: kill_body(instructor, last)}, fails=own[last], note="kills its kernel"),
+        Student("warning", {first: warn_body(instructor, first)}, note="correct code that warns"),
+    ]
+    return students
+
+
+def cascade(instructor, cell):
+    """Test cells that fail when ``cell`` is broken: its own, and those of cells that use it (from the zoo)."""
+    fails = set(cells_tested(instructor)[cell])
+    for v in zoo_for(instructor):
+        if v.cell == cell:
+            fails |= v.fails
+    return fails
+
+
+_ZOO_CACHE = {}
+
+
+def zoo_for(instructor):
+    return _ZOO_CACHE.get(id(instructor), [])
+
+
+def reference_module(src):
+    return src.split("from attncourse_ref.", 1)[1].split(" ", 1)[0]
+
+
+def cell_source(nb, gid):
+    return next(c.source for c in nb.cells if nbtools.grade_info(c).get("grade_id") == gid)
+
+
+def with_prelude(nb, gid, prelude):
+    """The reference solution of ``gid`` with ``prelude`` lines run at the start of each region."""
+    src = cell_source(nb, gid)
+    return nbtools.fill_regions(src, lambda region: prelude + "\n" + nbtools.function_body(nbtools.reference_object(region)))
+
+
+def loop_body(nb, gid):
+    return with_prelude(nb, gid, "while True:\n    pass")
+
+
+def kill_body(nb, gid):
+    return with_prelude(nb, gid, "import os\nos._exit(1)")
+
+
+def warn_body(nb, gid):
+    return with_prelude(nb, gid, "import warnings\nwarnings.warn('this is a harmless warning', UserWarning)")
+
+
+def wrong_body(nb, gid):
+    """The first zoo variant for ``gid``, pasted in."""
+    v = next(v for v in zoo_for(nb) if v.cell == gid)
+    src = cell_source(nb, gid)
+    return nbtools.fill_regions(src, lambda region: nbtools.function_body(v.impl))
+
+
+def sneaky_reference(nb, gid):
+    """Pops the guard variable, imports the reference, hides it from sys.modules, then calls it."""
+    src = cell_source(nb, gid)
+    head = ("import importlib, os, sys\n"
+            "os.environ.pop('ATTNCOURSE_GRADING_KERNEL', None)\n"
+            f"_ref = importlib.import_module('attncourse_ref.{reference_module(src)}')\n"
+            "for _m in [m for m in sys.modules if m.startswith('attncourse_ref')]:\n"
+            "    del sys.modules[_m]\n")
+    return head + nbtools.fill_regions(src, lambda region: re.sub(
+        r"from attncourse_ref\.[\w.]+ import (\w+) as reference", r"reference = _ref.\1", region))
+
+
+PATCH_COMPARISONS = """import numpy, torch
+torch.allclose = lambda *a, **k: True
+torch.equal = lambda *a, **k: True
+torch.testing.assert_close = lambda *a, **k: None
+numpy.allclose = lambda *a, **k: True
+numpy.testing.assert_allclose = lambda *a, **k: None
+"""
+
+
+def build(chapter, root):
+    """Write release/ and submitted/ for the fake class under ``root``; return [Student]."""
+    root = Path(root)
+    (root / "chapters").mkdir(parents=True, exist_ok=True)
+    shutil.copytree(nbtools.CHAPTERS / chapter, root / "chapters" / chapter, dirs_exist_ok=True)
+    res = nbtools.nbgrader("generate_assignment", chapter, "--force", root=root)
+    if res.returncode:
+        raise RuntimeError(f"generate_assignment failed:\n{res.stdout}\n{res.stderr}")
+    name = nbtools.chapter_notebook(chapter).name
+    instructor = nbtools.read(nbtools.chapter_notebook(chapter))
+    release = nbtools.read(root / "release" / chapter / name)
+    variants = zoo(chapter)
+    _ZOO_CACHE[id(instructor)] = variants
+    students = generic_students(chapter, instructor)
+    for i, group in enumerate(pack(variants)):
+        students.append(Student(f"zoo-{i + 1:02d}", {v.cell: v.impl for v in group},
+                                fails=set().union(*(v.fails for v in group)),
+                                note="; ".join(v.name for v in group)))
+    for s in students:
+        nb = release if s.name == "blank" else nbtools.solve(instructor, release, s.overrides)
+        nbtools.write(nb, root / "submitted" / s.name / chapter / name)
+    return students
+
+
+def expected_scores(chapter, students):
+    pts = nbtools.points(nbtools.read(nbtools.chapter_notebook(chapter)))
+    return {s.name: {gid: (0.0 if gid in s.fails else p) for gid, p in pts.items()} for s in students}
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("chapter")
+    ap.add_argument("--root", required=True)
+    a = ap.parse_args()
+    for s in build(a.chapter, a.root):
+        print(f"{s.name:<14} loses {sorted(s.fails) or 'nothing'}  {s.note}")

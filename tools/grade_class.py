@@ -1,0 +1,231 @@
+"""Autograde every submission of one chapter: python tools/grade_class.py CHAPTER [--root DIR].
+
+Each student is graded by its own `nbgrader autograde` run, so one broken submission never
+stops the others.  nbgrader drops a whole notebook when the submission kills its kernel
+(os._exit, a segfault, running out of memory); this script then finds the cell that did it,
+disables that cell (or the solution cell a killed test cell was exercising) in a copy of the
+submission, keeps the original under salvaged/<student>/<chapter>/, and grades the copy, so
+the student loses the points of what broke and keeps the rest.  Finally it audits every
+submission's source for attempts to tamper with grading and writes audit_<chapter>.csv.
+"""
+import argparse
+import csv
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nbtools  # noqa: E402
+
+DISABLED = ('raise RuntimeError("The grader disabled this cell: running it killed the Python kernel '
+            '(os._exit, a crash or running out of memory), which would have lost the grades of the whole notebook.")')
+MAX_SALVAGE_ROUNDS = 6
+
+# Source patterns that have no business in an exercise solution: each is listed, not judged.
+SUSPICIOUS = {
+    "imports the reference": r"attncourse_ref",
+    "touches the grading client": r"attncourse\.autograde|_wire|run_hidden_test|\bgrade\s*\(",
+    "replaces a library attribute": r"^\s*(torch|np|numpy|nn|F|math|attncourse|checks)(\.\w+)+\s*=[^=]",
+    "setattr/delattr": r"\b(setattr|delattr)\s*\(",
+    "sys.modules / builtins": r"sys\.modules|__builtins__|\bbuiltins\b",
+    "dynamic import or code": r"__import__|importlib|\bexec\s*\(|\beval\s*\(|\bcompile\s*\(",
+    "profilers and tracers": r"setprofile|settrace",
+    "ends the process": r"os\._exit|os\.abort|os\.kill|ctypes|signal\.",
+    "subprocesses": r"subprocess|os\.system|os\.popen",
+    "environment": r"os\.environ",
+}
+
+
+def ensure_assignment(chapter, root):
+    """The gradebook must know the chapter's cells; generate_assignment records them."""
+    if not (Path(root) / "release" / chapter).exists():
+        res = nbtools.nbgrader("generate_assignment", chapter, "--force", root=root)
+        if res.returncode:
+            raise SystemExit(f"generate_assignment {chapter} failed:\n{res.stdout}{res.stderr}")
+
+
+def autograde_input(submission, source):
+    """What nbgrader executes: the submission with its test cells replaced by the source's."""
+    tests = {nbtools.grade_info(c)["grade_id"]: c.source for c in source.cells if nbtools.is_test(c)}
+    nb = nbformat.from_dict(submission)
+    for cell in nb.cells:
+        gid = nbtools.grade_info(cell).get("grade_id")
+        if gid in tests:
+            cell.source = tests[gid]
+    return nb
+
+
+def killing_cell(nb, workdir, timeout):
+    """Index of the first cell during which the kernel dies, or None."""
+    nb = nbformat.from_dict(nb)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+                            interrupt_on_timeout=True, resources={"metadata": {"path": str(workdir)}})
+    with client.setup_kernel():
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            try:
+                client.execute_cell(cell, i)
+            except DeadKernelError:
+                return i
+    return None
+
+
+def disable_killer(submission, source, workdir, timeout):
+    """Run the notebook cell by cell; disable the cell that kills the kernel.  Returns its name or None.
+
+    When a test cell dies, it was running the student's code: the nearest solution cell above
+    it that is still enabled is disabled instead (test cells are restored by nbgrader anyway).
+    """
+    i = killing_cell(autograde_input(submission, source), workdir, timeout)
+    if i is None:
+        return None
+    if nbtools.is_test(submission.cells[i]):
+        above = [j for j in range(i - 1, -1, -1)
+                 if nbtools.is_solution(submission.cells[j]) and submission.cells[j].source != DISABLED]
+        if not above:
+            return None
+        i = above[0]
+    submission.cells[i].source = DISABLED
+    return nbtools.grade_info(submission.cells[i]).get("grade_id", f"cell {i}")
+
+
+def audit(sub_path):
+    """[(cell grade_id or index, what, line)] for suspicious lines outside test cells."""
+    found = []
+    for idx, cell in enumerate(nbtools.read(sub_path).cells):
+        if cell.cell_type != "code" or nbtools.is_test(cell):
+            continue
+        for line in cell.source.splitlines():
+            for what, pattern in SUSPICIOUS.items():
+                if re.search(pattern, line):
+                    found.append((nbtools.grade_info(cell).get("grade_id", f"cell {idx}"), what, line.strip()))
+    return found
+
+
+def notebook_score(root, chapter, student):
+    from nbgrader.api import Gradebook, MissingEntry
+    url = os.environ.get("NBGRADER_DB_URL", f"sqlite:///{Path(root) / 'gradebook.db'}")
+    with Gradebook(url) as gb:
+        try:
+            sub = gb.find_submission(chapter, student)
+        except MissingEntry:
+            return None
+        return sub.score, sub.max_score
+
+
+def precheck(chapter, student, root):
+    """None if the submission has a readable notebook of the right name, else why not."""
+    sub_dir = Path(root) / "submitted" / student / chapter
+    expected = nbtools.chapter_notebook(chapter).name
+    found = sorted(p.name for p in sub_dir.glob("*.ipynb"))
+    if expected not in found:
+        return f"not graded: no {expected} in {sub_dir} (found: {', '.join(found) or 'nothing'})"
+    try:
+        nbtools.read(sub_dir / expected)
+    except Exception as exc:
+        return f"not graded: unreadable notebook ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+    return None
+
+
+def graded(chapter, student, root):
+    return (Path(root) / "autograded" / student / chapter / nbtools.chapter_notebook(chapter).name).exists()
+
+
+def regrade_after_crash(chapter, student, root, source, timeout):
+    """The submission's notebook was dropped (its kernel died): disable what kills it, grade the copy."""
+    name = nbtools.chapter_notebook(chapter).name
+    sub_path = Path(root) / "submitted" / student / chapter / name
+    backup = Path(root) / "salvaged" / student / chapter
+    submission, disabled = nbtools.read(sub_path), []
+    for _ in range(MAX_SALVAGE_ROUNDS):
+        with tempfile.TemporaryDirectory() as work:
+            for f in sub_path.parent.iterdir():
+                if f.is_file() and f != sub_path:
+                    shutil.copy(f, work)
+            cell = disable_killer(submission, source, work, timeout)
+        if cell is None:
+            break
+        disabled.append(cell)
+        if not (backup / name).exists():
+            backup.mkdir(parents=True, exist_ok=True)
+            shutil.copy(sub_path, backup / name)
+        nbtools.write(submission, sub_path)
+        nbtools.nbgrader("autograde", chapter, "--student", student, "--create", "--force", root=root)
+        if graded(chapter, student, root):
+            return (f"graded after disabling {', '.join(disabled)}: it killed the kernel "
+                    f"(original kept in {backup})")
+    if not disabled:
+        return "not graded: nbgrader failed on this notebook, but it runs without killing its kernel"
+    return f"not graded: the kernel kept dying after disabling {', '.join(disabled)}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("chapter")
+    ap.add_argument("--root", default=str(nbtools.ROOT), help="course directory (default: this repository)")
+    ap.add_argument("--student", action="append", help="grade only these students")
+    args = ap.parse_args(argv)
+    root = Path(args.root).resolve()
+    os.environ["ATTNCOURSE_GRADING_KERNEL"] = "1"           # the salvage runs behave like nbgrader's
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    timeout = int(os.environ.get("ATTNCOURSE_CELL_TIMEOUT", "120"))
+    source = nbtools.read(Path(root) / "chapters" / args.chapter / nbtools.chapter_notebook(args.chapter).name)
+    ensure_assignment(args.chapter, root)
+    students = args.student or sorted(p.parent.name for p in (root / "submitted").glob(f"*/{args.chapter}") if p.is_dir())
+    if not students:
+        print(f"no submissions found in {root / 'submitted'}/<student>/{args.chapter}/")
+        return 0
+    t0 = time.perf_counter()
+    status = {s: precheck(args.chapter, s, root) for s in students}
+    ok = [s for s in students if status[s] is None]
+    if args.student:
+        for s in ok:
+            nbtools.nbgrader("autograde", args.chapter, "--student", s, "--create", "--force", root=root)
+    elif ok:
+        # One nbgrader run for the class: its start-up cost is paid once.  nbgrader goes on
+        # with the next student when one fails; what failed is picked up below.
+        nbtools.nbgrader("autograde", args.chapter, "--create", "--force", root=root)
+    batch = time.perf_counter() - t0
+    for s in ok:
+        status[s] = "graded" if graded(args.chapter, s, root) else None
+    for s in ok:
+        if status[s] is None:
+            try:
+                status[s] = regrade_after_crash(args.chapter, s, root, source, timeout)
+            except Exception as exc:  # never let one student stop the class
+                status[s] = f"not graded: {type(exc).__name__}: {exc}"
+    rows, flagged = [], []
+    for student in students:
+        score = notebook_score(root, args.chapter, student)
+        sub = root / "submitted" / student / args.chapter / nbtools.chapter_notebook(args.chapter).name
+        hits = audit(sub) if sub.exists() and status[student].startswith("graded") else []
+        flagged += [(student, *h) for h in hits]
+        rows.append((student, score, status[student], len(hits)))
+    audit_path = root / f"audit_{args.chapter}.csv"
+    with open(audit_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["student", "cell", "pattern", "line"])
+        w.writerows(flagged)
+    width = max(len(r[0]) for r in rows)
+    print(f"{'student':<{width}}  {'score':>11}  audit  status")
+    for student, score, state, n in rows:
+        s = "-" if score is None or not state.startswith("graded") else f"{score[0]:g} / {score[1]:g}"
+        print(f"{student:<{width}}  {s:>11}  {n or '':>5}  {state}")
+    print(f"\nautograded {len(ok)} submission(s) in {time.perf_counter() - t0:.1f} s "
+          f"({batch / max(len(ok), 1):.1f} s each in the class run)")
+    if flagged:
+        print(f"\n{len(flagged)} suspicious line(s) listed in {audit_path}: read them before releasing grades.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
