@@ -50,7 +50,7 @@ feedback: $(STAMP)
 	$(BIN)/nbgrader generate_feedback $(CH) --force
 
 grades: $(STAMP)
-	$(BIN)/nbgrader export --to grades.csv
+	$(BIN)/python tools/export_grades.py
 
 collect-zip: $(STAMP)
 	$(BIN)/nbgrader zip_collect $(CH) --force

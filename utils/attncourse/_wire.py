@@ -15,6 +15,9 @@ _META = "__meta__"
 def pack(meta, arrays=None):
     buf = io.BytesIO()
     payload = {k: np.asarray(v) for k, v in (arrays or {}).items()}
+    for k, v in payload.items():
+        if v.dtype.hasobject:
+            raise ValueError(f"{k}: only numeric and bool arrays cross the wire, got dtype {v.dtype}")
     payload[_META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     np.savez(buf, **payload)
     return buf.getvalue()

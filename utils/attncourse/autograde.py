@@ -57,7 +57,10 @@ def _to_numpy_list(out):
         if isinstance(item, torch.Tensor):
             res.append(item.detach().cpu().numpy())
         else:
-            res.append(np.asarray(item))
+            arr = np.asarray(item)
+            if arr.dtype.hasobject or arr.dtype.kind not in "biuf":
+                raise TypeError(f"returned a {type(item).__name__}; expected tensors or numbers")
+            res.append(arr)
     return res
 
 
@@ -71,7 +74,7 @@ def _run_case(i, call, arrays, candidate):
         for j in grad["args"]:
             args[j] = args[j].requires_grad_(True)
     if call["kind"] == "function":
-        out = candidate(*args, **kwargs)
+        out = _raised(candidate, args, kwargs, call["raises"]) if call.get("raises") else candidate(*args, **kwargs)
     elif call["kind"] == "module":
         module = candidate(**call["init"]).to(getattr(torch, call["dtype"]))
         state = {name: torch.from_numpy(arrays[f"{p}/{key}"].copy()) for name, key in call["state"].items()}
@@ -93,6 +96,19 @@ def _run_case(i, call, arrays, candidate):
         result += [np.zeros(args[j].shape, dtype=args[j].detach().numpy().dtype) if g is None else g.numpy()
                    for j, g in zip(grad["args"], grads)]
     return result
+
+
+def _raised(candidate, args, kwargs, expected):
+    """A case that expects an exception (a built-in's name): True if the call raised it, else False."""
+    import builtins
+    try:
+        candidate(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        wanted = getattr(builtins, expected, None)
+        return np.asarray(isinstance(exc, wanted) if isinstance(wanted, type) else type(exc).__name__ == expected)
+    return np.asarray(False)
 
 
 def _load_state(module, state):

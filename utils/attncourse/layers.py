@@ -15,4 +15,24 @@ def make_layer(kind, weight):
         return lambda x: torch.nn.functional.scaled_dot_product_attention(x @ weight, x, x, is_causal=True)
     if kind == "cumsum":
         return lambda x: (x @ weight).cumsum(dim=-2)
+    if kind == "decoder_step":
+        return decoder_step(weight)
     raise ValueError(f"unknown layer kind {kind!r}")
+
+
+def decoder_step(weight):
+    """A fixed decoder step for greedy decoding (chapter 01), from a [V, H] weight (token vectors).
+
+    step(y_prev [B] long, state [B, H], enc [B, S, H], mask [B, S] bool or None)
+        -> (new_state [B, H], logits [B, V], weights [B, S])
+    Dot-product attention of the state over enc, then new_state = tanh(state + weight[y_prev] + context)
+    and logits = new_state @ weight.T.  Deterministic: no parameters to train, nothing random.
+    """
+    def step(y_prev, state, enc, mask=None):
+        scores = (enc @ state.unsqueeze(-1)).squeeze(-1)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        attn = torch.softmax(scores, dim=-1)
+        new_state = torch.tanh(state + weight[y_prev] + (attn.unsqueeze(-1) * enc).sum(-2))
+        return new_state, new_state @ weight.T, attn
+    return step

@@ -133,6 +133,10 @@ def compare(case, got):
         what = f"returned value {i}" if i < len(exp) - len(case.call.get("grad", {}).get("args", [])) else "the gradient"
         if g.shape != e.shape:
             return f"{what} has shape {list(g.shape)}, expected {list(e.shape)}"
+        if case.call.get("raises"):
+            if not (g.shape == () and g.dtype == np.bool_ and bool(g)):
+                return f"the call should raise {case.call['raises']}, but it returned normally or raised another exception"
+            continue
         if e.dtype == np.bool_:
             if g.dtype != np.bool_:
                 return f"{what} has dtype {g.dtype}, expected bool"
@@ -165,3 +169,15 @@ def layer_case(fn, kind, weight, args, *, describe="", tol=None):
             "args": [_encode(a, arrays, f"arg{i}") for i, a in enumerate(args)], "kwargs": {}}
     expected = _flatten(fn(make_layer(kind, weight), *args))
     return Case(call, arrays, expected, describe or f"(layer={kind!r}, " + _describe_call(args, {})[1:], tol or {})
+
+
+def raises_case(args, kwargs=None, *, exception="ValueError", describe=""):
+    """A call ``fn(*args, **kwargs)`` that must raise ``exception`` (a built-in exception's name)."""
+    kwargs = kwargs or {}
+    arrays = {}
+    call = {"kind": "function", "raises": exception,
+            "args": [_encode(a, arrays, f"arg{i}") for i, a in enumerate(args)],
+            "kwargs": {k: _encode(v, arrays, f"kw_{k}") for k, v in kwargs.items()}}
+    text = describe or _describe_call(args, kwargs)
+    return Case(call, arrays, [np.asarray(True)], f"{text} must raise {exception}")
+

@@ -1,0 +1,83 @@
+"""The nbgrader round trip with a fake class whose correct grades are known in advance.
+
+For every chapter: the reference-solved notebook gets full marks, the untouched release gets 0,
+and every mistake-zoo variant loses exactly the points of the test cells it must fail.  For
+chapter 02 the class also holds the generic attacks (importing or sneaking in the reference,
+patching comparison functions, an infinite loop, a kernel killer, harmless warnings) and two
+submissions that cannot be graded at all, and the feedback and grade export are checked.
+"""
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+import fakeclass
+import nbtools
+from nbgrader.api import Gradebook
+
+pytestmark = pytest.mark.slow
+TIMEOUT = "20"   # seconds per cell here, so the infinite loop costs little
+
+
+def grade_class(chapter, root):
+    env = dict(os.environ, ATTNCOURSE_CELL_TIMEOUT=TIMEOUT)
+    res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "grade_class.py"), chapter, "--root", str(root)],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def cell_scores(root, chapter, students):
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        return {s: {g.name: g.score for nb in gb.find_submission(chapter, s).notebooks for g in nb.grades}
+                for s in students}
+
+
+def test_fake_class(chapter, tmp_path):
+    students = fakeclass.build(chapter, tmp_path)
+    if chapter != "ch02":
+        students = [s for s in students if s.name in ("correct", "blank") or s.name.startswith("zoo-")]
+        keep = {s.name for s in students}
+        for d in (tmp_path / "submitted").iterdir():
+            if d.name not in keep:
+                subprocess.run(["rm", "-rf", str(d)], check=True)
+    else:
+        # Submissions that cannot be graded must not stop the others.
+        broken = tmp_path / "submitted" / "broken-json" / chapter / nbtools.chapter_notebook(chapter).name
+        broken.parent.mkdir(parents=True)
+        broken.write_text("{ this is not a notebook")
+        misnamed = tmp_path / "submitted" / "misnamed" / chapter / "Untitled.ipynb"
+        misnamed.parent.mkdir(parents=True)
+        misnamed.write_bytes((tmp_path / "release" / chapter / nbtools.chapter_notebook(chapter).name).read_bytes())
+    report = grade_class(chapter, tmp_path)
+    expected = fakeclass.expected_scores(chapter, students)
+    got = cell_scores(tmp_path, chapter, [s.name for s in students])
+    wrong = {s: (got[s], expected[s]) for s in expected if got[s] != expected[s]}
+    assert not wrong, f"grades differ from the expected ones (got, expected):\n{wrong}\n\n{report}"
+    if chapter == "ch02":
+        check_ch02_extras(tmp_path, report)
+
+
+def check_ch02_extras(root, report):
+    lines = {line.split()[0]: line for line in report.splitlines() if line.strip()}
+    assert "unreadable notebook" in lines["broken-json"]
+    assert "no attention.ipynb" in lines["misnamed"]
+    assert "graded after disabling equivariance_gap" in lines["killer"]
+    audit = list(csv.DictReader(open(root / "audit_ch02.csv")))
+    flagged = {row["student"] for row in audit}
+    assert {"cheat-import", "cheat-sneaky", "cheat-allclose", "killer"} <= flagged
+    assert "correct" not in flagged and "warning" not in flagged
+    # Feedback and grade export, as an instructor runs them.
+    res = nbtools.nbgrader("generate_feedback", "ch02", "--force", root=root)
+    assert res.returncode == 0, res.stderr
+    fb = (root / "feedback" / "zoo-01" / "ch02" / "attention.html").read_text()
+    assert "query axis" in fb and "hidden test ch02.sdpa_unmasked" in fb
+    assert "BEGIN HIDDEN TESTS" not in fb
+    subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "export_grades.py"), "--root", str(root)], check=True,
+                   capture_output=True)
+    rows = {r["student_id"]: r for r in csv.DictReader(open(root / "grades.csv"))}
+    assert float(rows["correct"]["total"]) == 10 and float(rows["blank"]["total"]) == 0
+    assert float(rows["(max)"]["ch02:test_sdpa_masked"]) == 2
+    assert rows["cheat-sneaky"]["ch02:test_equivariance_gap"] in ("0", "0.0")

@@ -1,0 +1,114 @@
+"""The hidden-test machinery: wire format, comparison, determinism, and the defences against cheating."""
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from attncourse import _wire, autograde
+from attncourse_ref import attention as ref
+from attncourse_ref.grading import Case, compare, seed_for
+
+
+def test_wire_round_trip_never_pickles():
+    buf = io.BytesIO()
+    arrays = {"a": np.arange(6).reshape(2, 3), "b": np.array([True, False])}
+    _wire.send(buf, {"x": [1, None, "s"]}, arrays)
+    buf.seek(0)
+    meta, got = _wire.recv(buf)
+    assert meta == {"x": [1, None, "s"]}
+    assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
+    with pytest.raises(ValueError):
+        _wire.pack({}, {"o": np.array([object()], dtype=object)})
+
+
+def _case(expected):
+    return Case({"kind": "function", "args": [], "kwargs": {}}, {}, expected, "(test)")
+
+
+def test_compare_explains_shape_dtype_and_value_errors():
+    e = [np.ones((2, 3), dtype=np.float32)]
+    assert compare(_case(e), [np.ones((2, 3), dtype=np.float32)]) is None
+    assert "shape" in compare(_case(e), [np.ones((3, 2), dtype=np.float32)])
+    assert "dtype" in compare(_case(e), [np.ones((2, 3), dtype=np.float64)])
+    assert "max abs error" in compare(_case(e), [np.full((2, 3), 1.01, dtype=np.float32)])
+    assert "expected 1 returned" in compare(_case(e), [])
+    b = [np.array([[True, False]])]
+    assert "bool" in compare(_case(b), [np.array([[1.0, 0.0]])])
+    assert "differ" in compare(_case(b), [np.array([[True, True]])])
+    assert "NaN" in compare(_case(e), [np.full((2, 3), np.nan, dtype=np.float32)])
+
+
+def test_cases_are_reproducible_and_salted(monkeypatch):
+    a = seed_for("ch02.causal_mask")
+    assert a == seed_for("ch02.causal_mask") != seed_for("ch02.sdpa_masked")
+    monkeypatch.setenv("ATTNCOURSE_GRADING_SALT", "spring-2027")
+    assert seed_for("ch02.causal_mask") != a
+
+
+def test_reference_passes_and_stub_fails_every_hidden_test_of_ch02():
+    def stub(*args, **kwargs):
+        raise NotImplementedError()
+
+    for test_id, candidate in [("ch02.sdpa_unmasked", ref.scaled_dot_product_attention),
+                               ("ch02.sdpa_masked", ref.scaled_dot_product_attention),
+                               ("ch02.causal_mask", ref.causal_mask),
+                               ("ch02.self_attention", ref.SelfAttention),
+                               ("ch02.cross_attention", ref.CrossAttention),
+                               ("ch02.equivariance_gap", ref.equivariance_gap)]:
+        assert autograde.run_hidden_test(test_id, candidate)["failures"] == [], test_id
+        failures = autograde.run_hidden_test(test_id, stub)["failures"]
+        assert failures and "not done yet" in failures[0], test_id
+
+
+def test_unknown_hidden_test_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="unknown hidden test"):
+        autograde.run_hidden_test("ch02.no_such_test", ref.causal_mask)
+
+
+def test_patched_comparisons_in_the_kernel_do_not_change_the_verdict(monkeypatch):
+    from tests_zoo_helpers import wrong_sdpa
+    monkeypatch.setattr(torch, "allclose", lambda *a, **k: True)
+    monkeypatch.setattr(torch, "equal", lambda *a, **k: True)
+    monkeypatch.setattr(torch.testing, "assert_close", lambda *a, **k: None)
+    monkeypatch.setattr(np, "allclose", lambda *a, **k: True)
+    monkeypatch.setattr(np, "array_equal", lambda *a, **k: True)
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: torch.zeros(*a))
+    assert autograde.run_hidden_test("ch02.sdpa_unmasked", wrong_sdpa)["failures"]
+
+
+def test_grade_refuses_a_kernel_that_imported_the_reference():
+    # This test process has imported attncourse_ref, exactly like a cheating submission.
+    with pytest.raises(AssertionError, match="imported the course's reference package"):
+        autograde.grade("ch02.causal_mask", ref.causal_mask)
+
+
+def test_reference_watch_sees_calls_into_the_reference():
+    watch = autograde._ReferenceWatch()
+    with watch.watching():
+        torch.ones(2).sum()
+    assert watch.hit is None
+    with watch.watching():
+        ref.causal_mask(3)
+    assert watch.hit == "causal_mask"
+
+
+def test_grading_kernel_cannot_import_the_reference():
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-c", "import attncourse_ref"], capture_output=True, text=True,
+                         env={"ATTNCOURSE_GRADING_KERNEL": "1", "PATH": ""})
+    assert res.returncode != 0 and "not available to a submission" in res.stderr
+
+
+def test_warnings_from_the_submission_stay_off_stderr(capfd):
+    import warnings
+
+    def noisy(n, device=None):
+        warnings.warn("harmless", UserWarning)
+        import sys
+        print("to stderr", file=sys.stderr)
+        return ref.causal_mask(n, device)
+
+    assert autograde.run_hidden_test("ch02.causal_mask", noisy)["failures"] == []
+    assert capfd.readouterr().err == ""

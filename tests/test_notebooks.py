@@ -1,0 +1,78 @@
+"""Structure of every chapter notebook: nbgrader metadata, solution regions, test cells, releases."""
+import importlib
+import pkgutil
+import re
+
+import pytest
+
+import nbtools
+from attncourse_ref import grading
+
+
+def _notebook(chapter):
+    return nbtools.read(nbtools.chapter_notebook(chapter))
+
+
+def registered_tests():
+    for info in pkgutil.iter_modules(grading.__path__):
+        importlib.import_module(f"attncourse_ref.grading.{info.name}")
+    return set(grading.REGISTRY)
+
+
+def test_chapter_folder_holds_only_its_notebook(chapter):
+    # nbgrader copies every file of the folder into the student release.
+    files = [p for p in (nbtools.CHAPTERS / chapter).rglob("*") if p.is_file() and ".ipynb_checkpoints" not in p.parts]
+    assert [p.suffix for p in files] == [".ipynb"], files
+
+
+def test_grade_ids_are_unique_and_test_cells_locked(chapter):
+    ids = [nbtools.grade_info(c)["grade_id"] for c in _notebook(chapter).cells if nbtools.grade_info(c)]
+    assert len(ids) == len(set(ids))
+    for c in _notebook(chapter).cells:
+        if nbtools.is_test(c):
+            assert nbtools.grade_info(c)["locked"] and nbtools.grade_info(c)["points"] > 0
+
+
+def test_solution_cells_delegate_to_the_reference_in_one_region(chapter):
+    for c in _notebook(chapter).cells:
+        if nbtools.is_solution(c):
+            assert c.source.count(nbtools.BEGIN) == 1 == c.source.count(nbtools.END), nbtools.grade_info(c)
+            region = c.source.split(nbtools.BEGIN, 1)[1].split(nbtools.END, 1)[0]
+            assert callable(nbtools.reference_object(region))
+        else:
+            assert "attncourse_ref" not in c.source, "only solution regions may name the reference"
+
+
+def test_test_cells_run_a_visible_check_then_a_registered_hidden_test(chapter):
+    registry = registered_tests()
+    for c in _notebook(chapter).cells:
+        if not nbtools.is_test(c):
+            continue
+        gid = nbtools.grade_info(c)["grade_id"]
+        assert gid.startswith("test_")
+        visible, _, hidden = c.source.partition("### BEGIN HIDDEN TESTS")
+        assert "checks.check_" in visible, f"{gid}: no visible check"
+        m = re.search(r'grade\("([\w.]+)"', hidden)
+        assert m and m.group(1) == f"{chapter}.{gid.removeprefix('test_')}", f"{gid}: hidden test id"
+        assert m.group(1) in registry, f"{m.group(1)} is not registered on the grading server"
+
+
+def test_student_version_has_stubs_and_no_solutions(chapter):
+    nb = _notebook(chapter)
+    student = nbtools.strip_solutions(nbtools.strip_hidden_tests(nb))
+    text = "\n".join(c.source for c in student.cells)
+    for leak in ["attncourse_ref", "BEGIN SOLUTION", "HIDDEN TESTS", "attncourse.autograde"]:
+        assert leak not in text
+    stubs = sum("raise NotImplementedError()" in c.source for c in student.cells if nbtools.is_solution(c))
+    assert stubs == sum(nbtools.is_solution(c) for c in nb.cells)
+
+
+def test_points_are_what_the_chapter_promises(chapter):
+    pts = nbtools.points(_notebook(chapter))
+    assert pts and all(p > 0 for p in pts.values())
+    text = "\n".join(c.source for c in _notebook(chapter).cells if c.cell_type == "markdown")
+    for n, promised in re.findall(r"### Exercise (\d+) \((\d+) points?\)", text):
+        assert int(promised) > 0
+    promised = sum(int(p) for _, p in re.findall(r"### Exercise (\d+) \((\d+) points?\)", text))
+    if promised:
+        assert promised == sum(pts.values()), "exercise headings and test-cell points disagree"

@@ -1,0 +1,65 @@
+"""The built website: chapter pages with stubs and expected outputs, math, glossary, no solutions."""
+import re
+import subprocess
+import sys
+
+import pytest
+
+import nbtools
+
+pytestmark = pytest.mark.slow
+HTML = nbtools.ROOT / "_build" / "html"
+
+
+@pytest.fixture(scope="module")
+def site():
+    res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "build_site.py")], cwd=nbtools.ROOT,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def toc_pages():
+    return re.findall(r"file:\s*(site/\S+)", (nbtools.ROOT / "_toc.yml").read_text())
+
+
+def test_every_chapter_page_shows_stubs_and_outputs(site):
+    assert toc_pages(), "no chapter in _toc.yml"
+    for page in toc_pages():
+        html = (HTML / f"{page}.html").read_text()
+        assert "NotImplementedError" in html, page
+        assert html.count("<img") >= 1, f"{page}: no figure"
+        assert "cell_output" in html, f"{page}: no outputs"
+
+
+def test_chapter_02_shows_its_figures_and_checks(site):
+    html = (HTML / "site" / "ch02" / "attention.html").read_text()
+    assert html.count("<img") >= 2                      # saturation plot and the heat map
+    assert "fixed case: weights and output match" in html  # the visible check ran with the reference
+    assert "attends most to: animal" in html
+    assert "sqrt" in html and "mathjax/tex-chtml.js" in html
+    assert (HTML / "_static" / "mathjax" / "tex-chtml.js").exists()   # math renders offline
+
+
+def test_no_solution_text_anywhere_on_the_site(site):
+    import build_site
+    assert build_site.check_no_leaks(HTML) == []
+    text = re.sub(r"<[^>]+>", "", (HTML / "site" / "ch02" / "attention.html").read_text())
+    for line in ["weights = torch.softmax(scores, dim=-1)", "self.qkv(x).split(self.d_head",
+                 "self.kv_proj(context).split"]:
+        assert line not in text, f"solution line on the site: {line}"
+
+
+def test_landing_and_glossary_pages(site):
+    index = (HTML / "intro.html").read_text()
+    assert "Chapter map" in index and "Prerequisites" in index
+    glossary = (HTML / "glossary.html").read_text()
+    assert "自注意力" in glossary and "self-attention" in glossary
+    assert 'href="site/ch02/attention.html' in glossary
+
+
+def test_unchanged_chapters_are_not_executed_again(site):
+    res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "build_site.py")], cwd=nbtools.ROOT,
+                         capture_output=True, text=True)
+    assert res.returncode == 0
+    assert "ch02: unchanged" in res.stdout

@@ -1,0 +1,58 @@
+"""The mistake zoo against the hidden tests and the visible checks, for every chapter."""
+import contextlib
+import importlib
+import io
+
+import pytest
+
+import nbtools
+from attncourse.autograde import run_hidden_test
+from attncourse.checks import CheckFailed
+from conftest import CHAPTERS
+from fakeclass import cells_tested, zoo
+
+
+def _zoo_params():
+    for ch in CHAPTERS:
+        for v in zoo(ch):
+            yield pytest.param(ch, v, id=f"{ch}-{v.name}")
+
+
+def candidate_for(chapter, variant):
+    """The variant as the hidden tests see it: a function, or the reference class with one method replaced."""
+    nb = nbtools.read(nbtools.chapter_notebook(chapter))
+    cell = next(c for c in nb.cells if nbtools.grade_info(c).get("grade_id") == variant.cell)
+    target = nbtools.reference_object(cell.source.split(nbtools.BEGIN, 1)[1])
+    owner, _, method = target.__qualname__.rpartition(".")
+    if not owner:
+        return variant.impl
+    cls = getattr(importlib.import_module(target.__module__), owner)
+    return type(cls.__name__, (cls,), {method: variant.impl})
+
+
+@pytest.mark.parametrize("chapter, variant", list(_zoo_params()))
+def test_hidden_tests_fail_exactly_the_declared_cells(chapter, variant):
+    own = cells_tested(nbtools.read(nbtools.chapter_notebook(chapter)))[variant.cell]
+    assert set(own) & variant.fails, f"{variant.name} must fail at least one test of its own cell {own}"
+    candidate = candidate_for(chapter, variant)
+    for test_cell in own:
+        verdict = run_hidden_test(f"{chapter}.{test_cell.removeprefix('test_')}", candidate)
+        if test_cell in variant.fails:
+            assert verdict["failures"], f"hidden test {test_cell} passed the wrong variant '{variant.name}'"
+        else:
+            assert not verdict["failures"], f"'{variant.name}' should pass {test_cell}: {verdict['failures'][:1]}"
+
+
+@pytest.mark.parametrize("chapter, variant", list(_zoo_params()))
+def test_visible_check_names_the_mistake(chapter, variant):
+    checks = importlib.import_module(f"attncourse.checks.{chapter}")
+    with pytest.raises(CheckFailed) as err, contextlib.redirect_stdout(io.StringIO()):
+        getattr(checks, variant.check)(candidate_for(chapter, variant))
+    assert variant.says in str(err.value), f"the message should name the mistake: {err.value}"
+
+
+def test_every_graded_component_has_a_zoo(chapter):
+    nb = nbtools.read(nbtools.chapter_notebook(chapter))
+    covered = {v.cell for v in zoo(chapter)}
+    missing = [gid for gid in cells_tested(nb) if gid not in covered]
+    assert not missing, f"solution cells without known-wrong variants: {missing}"
