@@ -32,4 +32,4 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 # LMS downloads (make collect-zip): files named <student>_<notebook>.ipynb inside
 # downloaded/<chapter>/archive/*.zip.  Adapt the pattern to your LMS's naming.
 c.ZipCollectApp.archive_directory = "archive"
-c.FileNameCollectorPlugin.named_regexp = r"(?P<student_id>[^_/]+)_(?P<file_id>[^/]+\.ipynb)$"
+c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^_/]+)_(?P<file_id>[^/]+\.ipynb)$"
