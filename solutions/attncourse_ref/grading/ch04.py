@@ -1,0 +1,115 @@
+"""Hidden tests for chapter 04: positional encoding."""
+import numpy as np
+import torch
+
+from .. import positional as ref
+from . import function_case, hidden_test, module_case
+
+# RoPE in float32: a learner who computes the angles in float32 differs by about |angle| * 6e-8.
+ROPE_TOL = {np.dtype("float32"): (1e-4, 5e-5)}
+
+
+def _pick(rng, options):
+    return options[int(rng.integers(len(options)))]
+
+
+def _tensor(rng, shape, dtype, scale=1.0):
+    return torch.from_numpy(rng.standard_normal(shape) * scale).to(dtype)
+
+
+@hidden_test("ch04.sinusoidal_table")
+def sinusoidal_table(rng):
+    cases = [function_case(ref.sinusoidal_table, [1, 2]), function_case(ref.sinusoidal_table, [4, 2])]
+    for i in range(6):
+        n, d = int(rng.integers(1, 60)), 2 * int(rng.integers(1, 17))
+        cases.append(function_case(ref.sinusoidal_table, [n, d]))
+    return cases
+
+
+@hidden_test("ch04.shift_matrix")
+def shift_matrix(rng):
+    cases = [function_case(ref.shift_matrix, [0, 4]), function_case(ref.shift_matrix, [1, 2])]
+    for i in range(6):
+        k, d = int(rng.integers(1, 40)), 2 * int(rng.integers(1, 13))
+        cases.append(function_case(ref.shift_matrix, [k, d]))
+    return cases
+
+
+@hidden_test("ch04.learned_positional_embedding")
+def learned_positional_embedding(rng):
+    cases = []
+    for i in range(6):
+        init = {"max_len": int(rng.integers(2, 20)), "d_model": int(rng.integers(1, 10))}
+        dtype = [torch.float32, torch.float64][i % 2]
+        module = ref.LearnedPositionalEmbedding(**init).to(dtype)
+        n = int(rng.integers(1, init["max_len"] + 1)) if i else init["max_len"]
+        lead = [(), (2,), (3, 2)][i % 3]
+        x = _tensor(rng, lead + (n, init["d_model"]), dtype)
+        cases.append(module_case(module, init, [x]))
+    return cases
+
+
+@hidden_test("ch04.rope")
+def rope(rng):
+    cases = []
+    for i in range(8):
+        d = 2 * int(rng.integers(1, 9))
+        n = int(rng.integers(1, 12))
+        lead = [(), (2,), (2, 3)][i % 3]
+        dtype = [torch.float32, torch.float64][i % 2]
+        x = _tensor(rng, lead + (n, d), dtype)
+        if i % 2:
+            positions = torch.from_numpy(rng.integers(0, 200, size=n))
+        else:
+            positions = torch.arange(n)
+        cases.append(function_case(ref.apply_rope, [x, positions], tol=ROPE_TOL))
+    return cases
+
+
+@hidden_test("ch04.relative_position_index")
+def relative_position_index(rng):
+    cases = [function_case(ref.relative_position_index, [1, 1]), function_case(ref.relative_position_index, [3, 3])]
+    for _ in range(4):
+        max_len = int(rng.integers(2, 16))
+        cases.append(function_case(ref.relative_position_index, [int(rng.integers(1, max_len)), max_len]))
+    return cases
+
+
+@hidden_test("ch04.relative_position_bias")
+def relative_position_bias(rng):
+    cases = []
+    for i in range(6):
+        init = {"max_len": int(rng.integers(3, 12)), "n_heads": int(rng.integers(1, 5))}
+        dtype = [torch.float32, torch.float64][i % 2]
+        module = ref.RelativePositionBias(**init).to(dtype)
+        with torch.no_grad():
+            module.table.copy_(_tensor(rng, tuple(module.table.shape), dtype))
+        n = int(rng.integers(1, init["max_len"]))
+        lead = [(), (2,), (2, 1)][i % 3]
+        scores = _tensor(rng, lead + (init["n_heads"], n, n), dtype)
+        cases.append(module_case(module, init, [scores]))
+    return cases
+
+
+def check_data():
+    """Fixed cases for the visible checks (tools/make_check_data.py writes them)."""
+    torch.manual_seed(0)
+    pe = ref.sinusoidal_table(6, 8)
+    emb = ref.LearnedPositionalEmbedding(5, 3).double()
+    x = torch.randn(2, 4, 3, dtype=torch.float64)
+    rope_x = torch.randn(3, 6, dtype=torch.float64)
+    rope_pos = torch.tensor([0, 1, 5])
+    rb = ref.RelativePositionBias(4, 2).double()
+    with torch.no_grad():
+        rb.table.copy_(torch.arange(14, dtype=torch.float64).reshape(7, 2))
+    scores = torch.randn(2, 3, 3, dtype=torch.float64)
+    return {
+        "sinusoidal_6_8": pe,
+        "shift_3_8": ref.shift_matrix(3, 8),
+        "learned": {"init": {"max_len": 5, "d_model": 3}, "state": dict(emb.state_dict()), "x": x,
+                    "output": emb(x)},
+        "rope": {"x": rope_x, "positions": rope_pos, "output": ref.apply_rope(rope_x, rope_pos)},
+        "relative_index_3_4": ref.relative_position_index(3, 4),
+        "bias": {"init": {"max_len": 4, "n_heads": 2}, "state": dict(rb.state_dict()), "scores": scores,
+                 "output": rb(scores)},
+    }

@@ -1,0 +1,200 @@
+"""Visible checks for chapter 04: positional encoding."""
+import math
+
+import torch
+
+from ._core import call, expect_tensor, fail, load_cases, load_weights, max_error, ok, require_callable, tensor
+
+_cases = None
+
+
+def _data():
+    global _cases
+    if _cases is None:
+        _cases = load_cases("ch04")
+    return _cases
+
+
+def _same(a, b, atol=1e-6):
+    """Shapes equal and max |a - b| <= atol (written out: the checks trust no patched library helper)."""
+    return tuple(a.shape) == tuple(b.shape) and max_error(a.detach(), b.detach()) <= atol
+
+
+def _table(pos, d, first=0, sin_even=True, halves=False, per_dim=False):
+    p = torch.arange(first, first + pos, dtype=torch.float64)[:, None]
+    if per_dim:
+        ang = p / 10000.0 ** (2 * torch.arange(d, dtype=torch.float64) / d)
+        t = torch.sin(ang)
+        t[:, 1::2] = torch.cos(ang[:, 1::2])
+        return t
+    ang = p * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    s, c = (torch.sin(ang), torch.cos(ang)) if sin_even else (torch.cos(ang), torch.sin(ang))
+    if halves:
+        return torch.cat([s, c], dim=-1)
+    return torch.stack([s, c], dim=-1).flatten(-2)
+
+
+def check_sinusoidal_table(fn):
+    """Check sinusoidal_table(n_positions, d_model) -> float64 [n_positions, d_model]."""
+    require_callable(fn, "sinusoidal_table")
+    pe = expect_tensor(call(fn, 6, 8, what="sinusoidal_table(6, 8)"), "sinusoidal_table(6, 8)", shape=(6, 8))
+    if pe.dtype != torch.float64:
+        fail(f"sinusoidal_table should return float64 (compute the angles in float64), got {pe.dtype}")
+    expected = tensor(_data()["sinusoidal_6_8"])
+    if _same(pe, expected):
+        if pe.abs().max() > 1 + 1e-12:
+            fail("values must lie in [-1, 1]")
+        ok("sinusoidal table: sin on even, cos on odd dimensions, frequencies 1 / 10000^(2i/d)")
+        return
+    if _same(pe, _table(6, 8, halves=True)):
+        fail("you put all the sines in the first half and all the cosines in the second half; the formula "
+             "interleaves them: sin in dimension 2i, cos in dimension 2i+1 (table[:, 0::2] and table[:, 1::2])")
+    if _same(pe, _table(6, 8, sin_even=False)):
+        fail("sin and cos are swapped: dimension 2i (even) holds sin, dimension 2i+1 (odd) holds cos")
+    if _same(pe, _table(6, 8, per_dim=True)):
+        fail("wrong exponent: dimensions 2i and 2i+1 share one frequency 1 / 10000^(2i/d), with i the pair "
+             "index (0 .. d/2 - 1); you gave every dimension its own frequency")
+    if _same(pe, _table(6, 8, first=1)):
+        fail("positions start at 0: the first row (position 0) is [0, 1, 0, 1, ...]")
+    if _same(pe[0], torch.tensor([0.0, 1.0] * 4, dtype=torch.float64)) and _same(pe[:, 0], torch.sin(torch.arange(6.0)).double()):
+        fail(f"the first pair is right but later pairs are not (max error {max_error(pe, expected):.3g}): "
+             "the frequency of pair i is 1 / 10000^(2i/d_model)")
+    fail(f"sinusoidal_table(6, 8) differs from the formula (max error {max_error(pe, expected):.3g}); "
+         "PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d))")
+
+
+def check_shift_matrix(fn):
+    """Check shift_matrix(k, d_model): PE(pos + k) = M_k @ PE(pos)."""
+    require_callable(fn, "shift_matrix")
+    m = expect_tensor(call(fn, 3, 8, what="shift_matrix(3, 8)"), "shift_matrix(3, 8)", shape=(8, 8))
+    if m.dtype != torch.float64:
+        fail(f"shift_matrix should return float64, got {m.dtype}")
+    expected = tensor(_data()["shift_3_8"])
+    pe = _table(12, 8)
+    moved = pe[:9] @ m.T                         # row pos: (M_k @ PE(pos))^T
+    if _same(m, expected):
+        if not _same(moved, pe[3:], 1e-9):
+            fail("M_3 is right but PE(pos + 3) != M_3 @ PE(pos) with your table: check sinusoidal_table")
+        ok("shift_matrix: M_3 @ PE(pos) = PE(pos + 3) for every pos, and M_k is a rotation (M_k^T M_k = I)")
+        return
+    if _same(m, expected.T):
+        fail("your M_k is transposed: it shifts by -k (M_k @ PE(pos) = PE(pos - k)). Acting on (sin a, cos a), "
+             "the block is [[cos b, sin b], [-sin b, cos b]]")
+    if not _same(m.T @ m, torch.eye(8, dtype=torch.float64), 1e-9):
+        fail("M_k must be a rotation (each 2x2 block [[cos b, sin b], [-sin b, cos b]], so M_k^T M_k = I); yours "
+             "is not: check the signs (sin(a + b) = sin a cos b + cos a sin b, cos(a + b) = cos a cos b - sin a sin b)")
+    fail(f"shift_matrix(3, 8) differs from the expected one (max error {max_error(m, expected):.3g}); "
+         "block i uses b = k * w_i; row k of sinusoidal_table holds sin(k w_i) and cos(k w_i)")
+
+
+def check_learned_positional_embedding(cls):
+    """Check LearnedPositionalEmbedding(max_len, d_model): forward(x) = x + embedding.weight[:N]."""
+    c = _data()["learned"]
+    require_callable(cls, "LearnedPositionalEmbedding", kind="class")
+    module = call(cls, **c["init"], what="LearnedPositionalEmbedding(max_len=5, d_model=3)")
+    if not isinstance(module, torch.nn.Module):
+        fail("LearnedPositionalEmbedding(...) should build a torch.nn.Module")
+    module = module.double()
+    load_weights(module, c["state"], "LearnedPositionalEmbedding")
+    x = tensor(c["x"])
+    y = expect_tensor(call(module, x, what="LearnedPositionalEmbedding.forward(x)"), "output", shape=(2, 4, 3))
+    y = y.detach()
+    weight = tensor(c["state"]["embedding.weight"])
+    if _same(y, tensor(c["output"])):
+        ok("learned positional embedding: x + P[0:N], one row per position")
+        return
+    if _same(y, weight[:4].expand(2, 4, 3)):
+        fail("you returned the position embeddings only: add them to x (x + P[:N])")
+    if _same(y, x + weight[1:5]):
+        fail("the first position must use row 0 of the table: positions are 0 .. N-1")
+    fail(f"output differs from x + embedding.weight[:N] (max error {max_error(y, tensor(c['output'])):.3g})")
+
+
+def _rope_variants(x, positions, halves=False, sign=1.0):
+    d = x.shape[-1]
+    ang = positions.double()[:, None] * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = torch.cos(ang), sign * torch.sin(ang)
+    if halves:
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
+def check_rope(fn):
+    """Check apply_rope(x, positions): values, norms preserved, q_m . k_n depends only on m - n."""
+    require_callable(fn, "apply_rope")
+    c = _data()["rope"]
+    x, positions = tensor(c["x"]), torch.tensor(c["positions"])
+    y = expect_tensor(call(fn, x, positions, what="apply_rope(x, positions)"), "apply_rope(x, positions)",
+                      shape=(3, 6), dtype=torch.float64)
+    if not _same(y.norm(dim=-1), x.norm(dim=-1), 1e-9):
+        fail("RoPE must preserve every vector's norm (it is a rotation); yours changes it. Each pair becomes "
+             "(x1 cos - x2 sin, x1 sin + x2 cos)")
+    if _same(y, _rope_variants(x, positions, halves=True)):
+        fail("you rotated pairs (x[i], x[i + d/2]) (the 'rotate half' layout); this course pairs adjacent "
+             "dimensions (x[2i], x[2i+1]), like the sinusoidal table")
+    if _same(y, _rope_variants(x, positions, sign=-1.0)):
+        fail("wrong direction: you rotated by -pos * w_i. (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)")
+    if _same(y, _rope_variants(x, torch.arange(3))):
+        fail("you ignored the positions argument (used 0 .. N-1); rotate row n by positions[n] * w_i")
+    if not _same(y, tensor(c["output"])):
+        fail(f"apply_rope differs from the expected values (max error {max_error(y, tensor(c['output'])):.3g}); "
+             "pair i rotates by positions[n] * 10000^(-2i/d)")
+    ok("RoPE: fixed case matches and norms are preserved")
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 8, generator=g, dtype=torch.float64), torch.randn(1, 8, generator=g, dtype=torch.float64)
+    dots = []
+    for m, n in [(3, 1), (10, 8), (57, 55)]:
+        qm = call(fn, q, torch.tensor([m]), what="apply_rope on one query")
+        kn = call(fn, k, torch.tensor([n]), what="apply_rope on one key")
+        dots.append(float((qm * kn).sum()))
+    if max(dots) - min(dots) > 1e-9:
+        fail(f"q_m . k_n should depend only on m - n; for m - n = 2 you got {dots}")
+    ok(f"RoPE: q_m . k_n = {dots[0]:.4f} for (m, n) = (3, 1), (10, 8), (57, 55): only m - n matters")
+
+
+def check_relative_position_index(fn):
+    """Check relative_position_index(n, max_len) -> int64 [n, n], entry (i, j) = i - j + max_len - 1."""
+    require_callable(fn, "relative_position_index")
+    idx = expect_tensor(call(fn, 3, 4, what="relative_position_index(3, 4)"), "relative_position_index(3, 4)",
+                        shape=(3, 3))
+    if idx.dtype != torch.int64:
+        fail(f"the index should be an int64 tensor (it indexes the table), got {idx.dtype}")
+    expected = torch.tensor(_data()["relative_index_3_4"])
+    if bool((idx == expected).all()):
+        ok("relative position index: i - j + max_len - 1, all in [0, 2 max_len - 2]")
+        return
+    if bool((idx < 0).any()):
+        fail("your index has negative entries: i - j runs from -(max_len-1) to max_len-1, so add max_len - 1. "
+             "Negative indices do not raise in PyTorch: they silently read rows from the end of the table")
+    if bool((idx == expected - 1).all()):
+        fail("offset by n - 1; use max_len - 1: the row for distance 0 must not move when N changes")
+    if bool((idx == expected.T).all()):
+        fail("you computed j - i; the convention here is i - j (query position minus key position)")
+    fail(f"relative_position_index(3, 4) should be\n{expected}\ngot\n{idx}")
+
+
+def check_relative_position_bias(cls):
+    """Check RelativePositionBias(max_len, n_heads): forward(scores) = scores + B."""
+    c = _data()["bias"]
+    require_callable(cls, "RelativePositionBias", kind="class")
+    module = call(cls, **c["init"], what="RelativePositionBias(max_len=4, n_heads=2)")
+    if not isinstance(module, torch.nn.Module):
+        fail("RelativePositionBias(...) should build a torch.nn.Module")
+    module = module.double()
+    load_weights(module, c["state"], "RelativePositionBias")
+    scores = tensor(c["scores"])
+    out = expect_tensor(call(module, scores, what="RelativePositionBias.forward(scores)"), "output", shape=(2, 3, 3))
+    out = out.detach()
+    expected = tensor(c["output"])
+    if _same(out, expected):
+        ok("relative position bias: B[h, i, j] = table[i - j + max_len - 1, h], added to every head's scores")
+        return
+    bias = out - scores
+    if _same(bias[0], bias[1]):
+        fail("every head got the same bias: each head has its own column of the table (B[h] = table[index, h])")
+    if _same(bias.flatten(), (expected - scores).permute(1, 2, 0).flatten()):
+        fail("the table lookup gives [N, N, heads]: permute it to [heads, N, N] (a reshape mixes heads and "
+             "positions)")
+    fail(f"output differs from scores + B (max error {max_error(out, expected):.3g})")
