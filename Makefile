@@ -35,10 +35,10 @@ site: $(STAMP)
 	$(BIN)/python tools/build_site.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n auto --dist loadgroup tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not slow"
+	$(BIN)/python -m pytest -n auto --dist loadgroup tests -m "not slow"
 
 release: $(STAMP)
 	$(BIN)/nbgrader generate_assignment $(CH) --force

@@ -7,7 +7,8 @@ import pytest
 
 import nbtools
 
-pytestmark = pytest.mark.slow
+# One worker builds the site; the others grade fake classes meanwhile.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("site")]
 HTML = nbtools.ROOT / "_build" / "html"
 
 

@@ -24,3 +24,15 @@ def variant(name, cell, fails, check, says):
     def register(impl):
         return Variant(name, cell, impl, frozenset(fails), check, says)
     return register
+
+
+def collector():
+    """(variants, add) for a chapter's zoo module: ``@add(name, cell, fails, check, says)`` registers."""
+    variants = []
+
+    def add(name, cell, fails, check, says):
+        def register(impl):
+            variants.append(variant(name, cell, fails, check, says)(impl))
+            return impl
+        return register
+    return variants, add

@@ -5,18 +5,11 @@ import torch
 
 from attncourse_ref.attention import scaled_dot_product_attention
 
-from . import variant
+from . import collector
 
 SDPA = {"test_sdpa_unmasked", "test_sdpa_masked", "test_self_attention", "test_cross_attention"}
 MASK = {"test_sdpa_masked", "test_self_attention", "test_cross_attention"}  # both modules use masks
-VARIANTS = []
-
-
-def _add(*args):
-    def register(impl):
-        VARIANTS.append(variant(*args)(impl))
-        return impl
-    return register
+VARIANTS, _add = collector()
 
 
 # ---- scaled_dot_product_attention ------------------------------------------------------

@@ -95,7 +95,8 @@ def check_attention_mask(fn):
                          "scaled_dot_product_attention")
     expect_tensor(w, "masked weights", shape=(3, 5))
     if torch.isnan(w).any():
-        fail("masked weights contain NaN")
+        fail("masked weights contain NaN: some softmax ran over scores that were all -inf. The softmax must "
+             "run over the keys (dim=-1), and True in the mask means 'may attend'")
     blocked, allowed = w[~mask], w[mask]
     if (blocked.abs() > 1e-9).any() and (allowed.abs() < 1e-9).all():
         fail("your mask is inverted: True means 'may attend', so weights must be 0 where the mask is False")
