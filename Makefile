@@ -24,8 +24,9 @@ help:
 # The environment: pinned versions, the CPU build of torch (a local wheel on these machines).
 $(STAMP): requirements.txt utils/pyproject.toml solutions/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -r requirements.txt
-	$(BIN)/python -m pip install --quiet --no-deps -e utils -e solutions
+	@echo "Installing the pinned packages into $(VENV) (a few minutes the first time)..."
+	$(BIN)/python -m pip install -qq -r requirements.txt
+	$(BIN)/python -m pip install -qq --no-deps -e utils -e solutions
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
