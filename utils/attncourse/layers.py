@@ -25,14 +25,16 @@ def decoder_step(weight):
 
     step(y_prev [B] long, state [B, H], enc [B, S, H], mask [B, S] bool or None)
         -> (new_state [B, H], logits [B, V], weights [B, S])
-    Dot-product attention of the state over enc, then new_state = tanh(state + weight[y_prev] + context)
-    and logits = new_state @ weight.T.  Deterministic: no parameters to train, nothing random.
+    Dot-product attention of the state over enc, then
+    new_state = tanh(2 * state rolled by one coordinate + weight[y_prev] + context) (the roll keeps the
+    state moving, so the tokens change from step to step) and logits = new_state @ weight.T.
+    Deterministic: no parameters to train, nothing random.
     """
     def step(y_prev, state, enc, mask=None):
         scores = (enc @ state.unsqueeze(-1)).squeeze(-1)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         attn = torch.softmax(scores, dim=-1)
-        new_state = torch.tanh(state + weight[y_prev] + (attn.unsqueeze(-1) * enc).sum(-2))
+        new_state = torch.tanh(2 * state.roll(1, dims=-1) + weight[y_prev] + (attn.unsqueeze(-1) * enc).sum(-2))
         return new_state, new_state @ weight.T, attn
     return step
