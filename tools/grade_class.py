@@ -36,7 +36,7 @@ SUSPICIOUS = {
     "replaces a library attribute": r"^\s*(torch|np|numpy|nn|F|math|attncourse|checks)(\.\w+)+\s*=[^=]",
     "setattr/delattr": r"\b(setattr|delattr)\s*\(",
     "sys.modules / builtins": r"sys\.modules|__builtins__|\bbuiltins\b",
-    "dynamic import or code": r"__import__|importlib|\bexec\s*\(|\beval\s*\(|\bcompile\s*\(",
+    "dynamic import or code": r"__import__|importlib|(?<![\w.])(exec|eval|compile)\s*\(",
     "profilers and tracers": r"setprofile|settrace",
     "ends the process": r"os\._exit|os\.abort|os\.kill|ctypes|signal\.",
     "subprocesses": r"subprocess|os\.system|os\.popen",
