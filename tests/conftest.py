@@ -22,3 +22,10 @@ CHAPTERS = nbtools.chapters()
 @pytest.fixture(params=CHAPTERS)
 def chapter(request):
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same torch RNG state: a failure reproduces, a pass is not luck."""
+    import torch
+    torch.manual_seed(0)

@@ -66,8 +66,8 @@ def test_relative_position_index_and_bias():
     idx = ref.relative_position_index(3, 5)
     assert idx.dtype == torch.int64 and idx.min() >= 0 and idx.max() <= 8
     assert idx[2, 0] == 2 + 4 and idx[0, 2] == -2 + 4
-    rb = ref.RelativePositionBias(5, 2)
-    s = torch.randn(4, 2, 3, 3)
+    rb = ref.RelativePositionBias(5, 2).double()      # float64: (s + b) - s is then exact enough
+    s = torch.randn(4, 2, 3, 3, dtype=torch.float64)
     out = rb(s)
     for h in range(2):
         for i in range(3):

@@ -3,17 +3,10 @@ import torch
 
 from attncourse_ref.foundations import cosine_similarity
 
-from . import variant
+from . import collector
 
 SOFTMAX = {"test_softmax", "test_softmax_temperature"}
-VARIANTS = []
-
-
-def _add(*args):
-    def register(impl):
-        VARIANTS.append(variant(*args)(impl))
-        return impl
-    return register
+VARIANTS, _add = collector()
 
 
 # ---- cosine_similarity ------------------------------------------------------------------------

@@ -1,19 +1,12 @@
 """Known-wrong implementations for chapter 01 (see tests/zoo/__init__.py)."""
 import torch
 
-from . import variant
+from . import collector
 
 ATTENTION = {"test_attention_unmasked", "test_attention_masked", "test_decoder_step"}
 MASKED = {"test_attention_masked", "test_decoder_step"}
 GREEDY = {"test_greedy_decode", "test_greedy_batched"}
-VARIANTS = []
-
-
-def _add(*args):
-    def register(impl):
-        VARIANTS.append(variant(*args)(impl))
-        return impl
-    return register
+VARIANTS, _add = collector()
 
 
 # ---- AdditiveAttention.forward ------------------------------------------------------------------

@@ -6,18 +6,11 @@ import torch
 from attncourse_ref.attention import causal_mask, scaled_dot_product_attention
 from attncourse_ref.multihead import merge_heads, split_heads
 
-from . import variant
+from . import collector
 
 MHA = {"test_mha", "test_mha_masks"}
 TILED = {"test_tiled_attention", "test_tiled_attention_causal"}
-VARIANTS = []
-
-
-def _add(*args):
-    def register(impl):
-        VARIANTS.append(variant(*args)(impl))
-        return impl
-    return register
+VARIANTS, _add = collector()
 
 
 # ---- split_heads / merge_heads (MultiHeadAttention uses both) --------------------------------------

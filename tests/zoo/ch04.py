@@ -3,18 +3,11 @@ import torch
 
 from attncourse_ref.positional import relative_position_index, sinusoidal_table
 
-from . import variant
+from . import collector
 
 TABLE = {"test_sinusoidal_table", "test_shift_matrix"}          # shift_matrix reads row k of the table
 INDEX = {"test_relative_position_index", "test_relative_position_bias"}
-VARIANTS = []
-
-
-def _add(*args):
-    def register(impl):
-        VARIANTS.append(variant(*args)(impl))
-        return impl
-    return register
+VARIANTS, _add = collector()
 
 
 # ---- sinusoidal_table ------------------------------------------------------------------------

@@ -71,10 +71,14 @@ def expect_pair(out, what):
 
 
 def close(a, b, atol=1e-6):
-    return a.shape == b.shape and bool(torch.allclose(a.detach().to(torch.float64), b.to(torch.float64), atol=atol, rtol=0))
+    # Plain arithmetic rather than torch.allclose: a notebook that replaced torch.allclose must
+    # not be able to change which mistake a check names.
+    return a.shape == b.shape and max_error(a, b) <= atol
 
 
 def max_error(a, b):
+    if a.numel() == 0:
+        return 0.0
     return float((a.detach().to(torch.float64) - b.to(torch.float64)).abs().max())
 
 
