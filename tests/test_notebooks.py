@@ -76,3 +76,24 @@ def test_points_are_what_the_chapter_promises(chapter):
     promised = sum(int(p) for _, p in re.findall(r"### Exercise (\d+) \((\d+) points?\)", text))
     if promised:
         assert promised == sum(pts.values()), "exercise headings and test-cell points disagree"
+
+
+def test_learner_package_does_not_spell_out_the_reference():
+    """utils/ ships to learners: no line of a reference implementation may appear in it."""
+    import inspect
+    import attncourse_ref
+    ref_dir = nbtools.ROOT / "solutions" / "attncourse_ref"
+    ref_lines = set()
+    for path in ref_dir.glob("*.py"):
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if len(line) > 30 and not line.startswith(("#", '"""', "def ", "class ", "from ", "import ", "return ")) \
+                    and "super().__init__" not in line and "nn.Linear(" not in line and "nn.Parameter(" not in line:
+                ref_lines.add(line)
+    assert inspect.getfile(attncourse_ref)
+    leaks = []
+    for path in (nbtools.ROOT / "utils" / "attncourse").rglob("*.py"):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip() in ref_lines:
+                leaks.append(f"{path.relative_to(nbtools.ROOT)}:{n}: {line.strip()}")
+    assert not leaks, "reference code in the learner package:\n" + "\n".join(leaks)

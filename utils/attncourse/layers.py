@@ -32,8 +32,8 @@ def decoder_step(weight):
     """
     def step(y_prev, state, enc, mask=None):
         scores = (enc @ state.unsqueeze(-1)).squeeze(-1)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
+        if mask is not None:   # padded positions get no weight
+            scores = torch.where(mask, scores, torch.full_like(scores, float("-inf")))
         attn = torch.softmax(scores, dim=-1)
         new_state = torch.tanh(2 * state.roll(1, dims=-1) + weight[y_prev] + (attn.unsqueeze(-1) * enc).sum(-2))
         return new_state, new_state @ weight.T, attn

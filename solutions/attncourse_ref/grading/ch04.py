@@ -91,6 +91,33 @@ def relative_position_bias(rng):
     return cases
 
 
+# Known mistakes, computed here so the visible checks can recognise them from stored values
+# (learner-side code must not contain the formulas themselves).
+def _mistaken_table(pos, d, first=0, sin_even=True, halves=False, per_dim=False):
+    p = torch.arange(first, first + pos, dtype=torch.float64)[:, None]
+    if per_dim:
+        ang = p / 10000.0 ** (2 * torch.arange(d, dtype=torch.float64) / d)
+        t = torch.sin(ang)
+        t[:, 1::2] = torch.cos(ang[:, 1::2])
+        return t
+    ang = p * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    s, c = (torch.sin(ang), torch.cos(ang)) if sin_even else (torch.cos(ang), torch.sin(ang))
+    if halves:
+        return torch.cat([s, c], dim=-1)
+    return torch.stack([s, c], dim=-1).flatten(-2)
+
+
+def _mistaken_rope(x, positions, halves=False, sign=1.0):
+    d = x.shape[-1]
+    ang = positions.double()[:, None] * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = torch.cos(ang), sign * torch.sin(ang)
+    if halves:
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
 def check_data():
     """Fixed cases for the visible checks (tools/make_check_data.py writes them)."""
     torch.manual_seed(0)
@@ -105,10 +132,18 @@ def check_data():
     scores = torch.randn(2, 3, 3, dtype=torch.float64)
     return {
         "sinusoidal_6_8": pe,
+        "sinusoidal_12_8": ref.sinusoidal_table(12, 8),
+        "sinusoidal_mistakes": {"halves": _mistaken_table(6, 8, halves=True),
+                                "swapped": _mistaken_table(6, 8, sin_even=False),
+                                "per_dim": _mistaken_table(6, 8, per_dim=True),
+                                "from_1": _mistaken_table(6, 8, first=1)},
         "shift_3_8": ref.shift_matrix(3, 8),
         "learned": {"init": {"max_len": 5, "d_model": 3}, "state": dict(emb.state_dict()), "x": x,
                     "output": emb(x)},
-        "rope": {"x": rope_x, "positions": rope_pos, "output": ref.apply_rope(rope_x, rope_pos)},
+        "rope": {"x": rope_x, "positions": rope_pos, "output": ref.apply_rope(rope_x, rope_pos),
+                 "mistakes": {"halves": _mistaken_rope(rope_x, rope_pos, halves=True),
+                              "reversed": _mistaken_rope(rope_x, rope_pos, sign=-1.0),
+                              "positions_ignored": _mistaken_rope(rope_x, torch.arange(3))}},
         "relative_index_3_4": ref.relative_position_index(3, 4),
         "bias": {"init": {"max_len": 4, "n_heads": 2}, "state": dict(rb.state_dict()), "scores": scores,
                  "output": rb(scores)},

@@ -20,20 +20,6 @@ def _same(a, b, atol=1e-6):
     return tuple(a.shape) == tuple(b.shape) and max_error(a.detach(), b.detach()) <= atol
 
 
-def _table(pos, d, first=0, sin_even=True, halves=False, per_dim=False):
-    p = torch.arange(first, first + pos, dtype=torch.float64)[:, None]
-    if per_dim:
-        ang = p / 10000.0 ** (2 * torch.arange(d, dtype=torch.float64) / d)
-        t = torch.sin(ang)
-        t[:, 1::2] = torch.cos(ang[:, 1::2])
-        return t
-    ang = p * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    s, c = (torch.sin(ang), torch.cos(ang)) if sin_even else (torch.cos(ang), torch.sin(ang))
-    if halves:
-        return torch.cat([s, c], dim=-1)
-    return torch.stack([s, c], dim=-1).flatten(-2)
-
-
 def check_sinusoidal_table(fn):
     """Check sinusoidal_table(n_positions, d_model) -> float64 [n_positions, d_model]."""
     require_callable(fn, "sinusoidal_table")
@@ -46,15 +32,16 @@ def check_sinusoidal_table(fn):
             fail("values must lie in [-1, 1]")
         ok("sinusoidal table: sin on even, cos on odd dimensions, frequencies 1 / 10000^(2i/d)")
         return
-    if _same(pe, _table(6, 8, halves=True)):
+    wrong = {k: tensor(v) for k, v in _data()["sinusoidal_mistakes"].items()}
+    if _same(pe, wrong["halves"]):
         fail("you put all the sines in the first half and all the cosines in the second half; the formula "
              "interleaves them: sin in dimension 2i, cos in dimension 2i+1 (table[:, 0::2] and table[:, 1::2])")
-    if _same(pe, _table(6, 8, sin_even=False)):
+    if _same(pe, wrong["swapped"]):
         fail("sin and cos are swapped: dimension 2i (even) holds sin, dimension 2i+1 (odd) holds cos")
-    if _same(pe, _table(6, 8, per_dim=True)):
+    if _same(pe, wrong["per_dim"]):
         fail("wrong exponent: dimensions 2i and 2i+1 share one frequency 1 / 10000^(2i/d), with i the pair "
              "index (0 .. d/2 - 1); you gave every dimension its own frequency")
-    if _same(pe, _table(6, 8, first=1)):
+    if _same(pe, wrong["from_1"]):
         fail("positions start at 0: the first row (position 0) is [0, 1, 0, 1, ...]")
     if _same(pe[0], torch.tensor([0.0, 1.0] * 4, dtype=torch.float64)) and _same(pe[:, 0], torch.sin(torch.arange(6.0)).double()):
         fail(f"the first pair is right but later pairs are not (max error {max_error(pe, expected):.3g}): "
@@ -70,7 +57,7 @@ def check_shift_matrix(fn):
     if m.dtype != torch.float64:
         fail(f"shift_matrix should return float64, got {m.dtype}")
     expected = tensor(_data()["shift_3_8"])
-    pe = _table(12, 8)
+    pe = tensor(_data()["sinusoidal_12_8"])
     moved = pe[:9] @ m.T                         # row pos: (M_k @ PE(pos))^T
     if _same(m, expected):
         if not _same(moved, pe[3:], 1e-9):
@@ -110,17 +97,6 @@ def check_learned_positional_embedding(cls):
     fail(f"output differs from x + embedding.weight[:N] (max error {max_error(y, tensor(c['output'])):.3g})")
 
 
-def _rope_variants(x, positions, halves=False, sign=1.0):
-    d = x.shape[-1]
-    ang = positions.double()[:, None] * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    cos, sin = torch.cos(ang), sign * torch.sin(ang)
-    if halves:
-        x1, x2 = x[..., : d // 2], x[..., d // 2:]
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-
-
 def check_rope(fn):
     """Check apply_rope(x, positions): values, norms preserved, q_m . k_n depends only on m - n."""
     require_callable(fn, "apply_rope")
@@ -131,12 +107,13 @@ def check_rope(fn):
     if not _same(y.norm(dim=-1), x.norm(dim=-1), 1e-9):
         fail("RoPE must preserve every vector's norm (it is a rotation); yours changes it. Each pair becomes "
              "(x1 cos - x2 sin, x1 sin + x2 cos)")
-    if _same(y, _rope_variants(x, positions, halves=True)):
+    wrong = {k: tensor(v) for k, v in c["mistakes"].items()}
+    if _same(y, wrong["halves"]):
         fail("you rotated pairs (x[i], x[i + d/2]) (the 'rotate half' layout); this course pairs adjacent "
              "dimensions (x[2i], x[2i+1]), like the sinusoidal table")
-    if _same(y, _rope_variants(x, positions, sign=-1.0)):
+    if _same(y, wrong["reversed"]):
         fail("wrong direction: you rotated by -pos * w_i. (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)")
-    if _same(y, _rope_variants(x, torch.arange(3))):
+    if _same(y, wrong["positions_ignored"]):
         fail("you ignored the positions argument (used 0 .. N-1); rotate row n by positions[n] * w_i")
     if not _same(y, tensor(c["output"])):
         fail(f"apply_rope differs from the expected values (max error {max_error(y, tensor(c['output'])):.3g}); "
