@@ -74,8 +74,8 @@ def check_ch02_extras(root, report):
     assert res.returncode == 0, res.stderr
     fb = (root / "feedback" / "zoo-01" / "ch02" / "attention.html").read_text()
     assert "query axis" in fb                       # the visible check's diagnosis reaches the student
-    fb = (root / "feedback" / "cheat-allclose" / "ch02" / "attention.html").read_text()
-    assert "hidden test ch02.sdpa_unmasked" in fb and "randomized cases failed" in fb
+    fb = (root / "feedback" / "cheat-sneaky" / "ch02" / "attention.html").read_text()
+    assert "called the course&#39;s reference code" in fb or "called the course's reference code" in fb
     subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "export_grades.py"), "--root", str(root)], check=True,
                    capture_output=True)
     rows = {r["student_id"]: r for r in csv.DictReader(open(root / "grades.csv"))}
