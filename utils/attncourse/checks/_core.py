@@ -1,4 +1,5 @@
 """Shared machinery of the visible checks: calling learner code, comparing, reporting."""
+import functools
 import json
 import warnings
 from importlib import resources
@@ -18,6 +19,7 @@ def ok(message):
     print(f"\u2713 {message}")
 
 
+@functools.lru_cache(maxsize=None)
 def load_cases(chapter):
     """Fixed inputs and expected values for a chapter, stored beside this module (see tools/make_check_data.py)."""
     text = resources.files("attncourse.checks").joinpath("data", f"{chapter}.json").read_text()
@@ -71,9 +73,16 @@ def expect_pair(out, what):
 
 
 def close(a, b, atol=1e-6):
-    # Plain arithmetic rather than torch.allclose: a notebook that replaced torch.allclose must
-    # not be able to change which mistake a check names.
-    return a.shape == b.shape and max_error(a, b) <= atol
+    """Same shape and max |a - b| <= atol.  Plain arithmetic rather than torch.allclose: a notebook
+    that replaced torch.allclose must not be able to change which mistake a check names."""
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    return tuple(a.shape) == tuple(b.shape) and max_error(a, b) <= atol
+
+
+def same(a, b):
+    """Exact equality of two (integer or bool) tensors, without torch.equal (see close)."""
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    return tuple(a.shape) == tuple(b.shape) and bool((a == b).all())
 
 
 def max_error(a, b):

@@ -1,28 +1,11 @@
 """Visible checks for chapter 00: softmax with temperature, cosine similarity, analogy search."""
 import torch
 
-from ._core import call, expect_tensor, fail, load_cases, max_error, ok, require_callable, tensor
-
-def _close(a, b, atol=1e-6):
-    """Same shape and max |a - b| <= atol.  Written with plain arithmetic rather than torch.allclose,
-    so that a submission that replaces torch.allclose cannot change what these checks decide."""
-    a, b = a.detach().to(torch.float64), torch.as_tensor(b).to(torch.float64)
-    return tuple(a.shape) == tuple(b.shape) and (a.numel() == 0 or float((a - b).abs().max()) <= atol)
-
-
-def _same(a, b):
-    """Exact equality of two integer tensors, without torch.equal (see _close)."""
-    return tuple(a.shape) == tuple(b.shape) and bool((a == b).all())
-
-
-_cases = None
+from ._core import call, close, expect_tensor, fail, load_cases, max_error, ok, require_callable, tensor
 
 
 def _data():
-    global _cases
-    if _cases is None:
-        _cases = load_cases("ch00")
-    return _cases
+    return load_cases("ch00")
 
 
 def _softmax_out(fn, x, what, **kwargs):
@@ -44,19 +27,19 @@ def check_softmax(fn):
     if (out <= 0).any() or (out >= 1).any():
         fail("every softmax weight of finite scores lies strictly between 0 and 1")
     rows, cols = out.sum(-1), out.sum(0)
-    if not _close(rows, torch.ones_like(rows), atol=1e-9):
-        if _close(cols, torch.ones_like(cols), atol=1e-9):
+    if not close(rows, torch.ones_like(rows), atol=1e-9):
+        if close(cols, torch.ones_like(cols), atol=1e-9):
             fail("softmax(x) sums to 1 along dim 0, but the default is dim=-1 (the last dimension): "
                  "take the max and the sum along `dim`, with keepdim=True")
         fail(f"softmax(x) must sum to 1 along the last dimension; your sums are {rows.tolist()}")
-    if not _close(out, tensor(c["dim_last"]), atol=1e-9):
+    if not close(out, tensor(c["dim_last"]), atol=1e-9):
         fail(f"softmax(x) differs from exp(x) / sum(exp(x)) (max error {max_error(out, tensor(c['dim_last'])):.3g})")
     ok("softmax(x): a distribution along the last dimension")
 
     out0 = _softmax_out(fn, x, "softmax(x, dim=0)", dim=0)
-    if _close(out0, tensor(c["dim_last"]), atol=1e-9):
+    if close(out0, tensor(c["dim_last"]), atol=1e-9):
         fail("softmax(x, dim=0) gives the same answer as dim=-1: your function ignores `dim`")
-    if not _close(out0, tensor(c["dim_0"]), atol=1e-9):
+    if not close(out0, tensor(c["dim_0"]), atol=1e-9):
         fail("softmax(x, dim=0) should sum to 1 down each column; take the max and the sum along `dim`, with keepdim=True")
     ok("softmax(x, dim=0): normalises along the dimension asked for")
 
@@ -67,7 +50,7 @@ def check_softmax(fn):
              "every entry of a slice), and inf/inf or 0/0 is NaN. Subtract each slice's own maximum "
              "(x.amax(dim, keepdim=True)), not one global maximum, before exponentiating: softmax does not change, "
              "and exp never overflows")
-    if not _close(outb, tensor(c["big_out"]), atol=1e-9):
+    if not close(outb, tensor(c["big_out"]), atol=1e-9):
         fail("softmax of large scores is wrong: subtract each slice's maximum along `dim`, not one global maximum")
     ok("large scores: no overflow")
 
@@ -78,7 +61,7 @@ def check_softmax(fn):
     if torch.isnan(outn).any():
         fail("scores of -inf (a position that must get no weight) produce NaN; exp(-inf) = 0 should just work "
              "after subtracting the maximum")
-    if not _close(outn, tensor(c["neg_out"]), atol=1e-9):
+    if not close(outn, tensor(c["neg_out"]), atol=1e-9):
         fail("with -inf scores the weights are wrong: those entries must get exactly 0 and the rest sum to 1")
     ok("-inf scores get weight exactly 0")
 
@@ -89,16 +72,16 @@ def check_softmax_temperature(fn):
     c = _data()["softmax"]
     x = tensor(c["x"])
     half = _softmax_out(fn, x, "softmax(x, temperature=0.5)", temperature=0.5)
-    if _close(half, tensor(c["dim_last"]), atol=1e-9):
+    if close(half, tensor(c["dim_last"]), atol=1e-9):
         fail("softmax(x, temperature=0.5) equals softmax(x): your function ignores the temperature")
-    if _close(half, tensor(c["t_multiplied"]), atol=1e-9):
+    if close(half, tensor(c["t_multiplied"]), atol=1e-9):
         fail("you multiplied the scores by the temperature; divide them by it (softmax(x / T)): "
              "a low temperature must sharpen the distribution, a high one flatten it")
-    if not _close(half, tensor(c["t_half"]), atol=1e-9):
+    if not close(half, tensor(c["t_half"]), atol=1e-9):
         fail(f"softmax(x, temperature=0.5) should equal softmax(x / 0.5) (max error "
              f"{max_error(half, tensor(c['t_half'])):.3g})")
     five = _softmax_out(fn, x, "softmax(x, temperature=5.0)", temperature=5.0)
-    if not _close(five, tensor(c["t_five"]), atol=1e-9):
+    if not close(five, tensor(c["t_five"]), atol=1e-9):
         fail("softmax(x, temperature=5.0) should equal softmax(x / 5)")
     if not (five.amax(-1) < half.amax(-1)).all():
         fail("a higher temperature must give a flatter distribution (smaller largest weight)")
@@ -109,7 +92,7 @@ def check_softmax_temperature(fn):
         fail("softmax(x, temperature=1e-6) gives NaN: x / T is huge; subtract the maximum first, then divide "
              "by the temperature, so every exponent stays <= 0")
     onehot = torch.nn.functional.one_hot(torch.tensor(c["tiny_t_argmax"]), x.shape[-1]).to(x.dtype)
-    if not _close(tiny, onehot, atol=1e-9):
+    if not close(tiny, onehot, atol=1e-9):
         fail("as the temperature goes to 0 softmax should become argmax (a one-hot vector per row)")
     ok("temperature -> 0 behaves like argmax")
 
@@ -141,24 +124,24 @@ def check_cosine_similarity(fn):
     for key, message in [("dot", "you returned the plain dot product: divide by the lengths |a| |b|"),
                          ("b_only", "you divided by |b| only: normalise both vectors (divide by |a| |b|)"),
                          ("a_only", "you divided by |a| only: normalise both vectors (divide by |a| |b|)")]:
-        if _close(out, tensor(c[key])):
+        if close(out, tensor(c[key])):
             fail(message)
-    if _close(out, (a * b).sum(-1) / ((a * a).sum(-1) * (b * b).sum(-1))):
+    if close(out, (a * b).sum(-1) / ((a * a).sum(-1) * (b * b).sum(-1))):
         fail("you divided by the squared lengths |a|^2 |b|^2: take the square root (a.norm(dim=...))")
     if (out.abs() > 1 + 1e-9).any():
         fail(f"a cosine lies in [-1, 1]; you returned {out.tolist()}: divide by the lengths (a norm, with a square root)")
-    if not _close(out, tensor(c["expected"])):
+    if not close(out, tensor(c["expected"])):
         fail(f"cosine_similarity differs from a.b / (|a| |b|) (max error {max_error(out, tensor(c['expected'])):.3g})")
     ok("cosine_similarity: a.b / (|a| |b|), one value per row")
     scaled = call(fn, 3 * a, 0.5 * b, what="cosine_similarity(3 a, 0.5 b)")
-    if not _close(scaled, out):
+    if not close(scaled, out):
         fail("stretching a vector must not change its cosine with another")
     rows = call(fn, a[0], b, what="cosine_similarity(a[0], b) with a [3] and b [4, 3]")
-    if not (isinstance(rows, torch.Tensor) and _close(rows, tensor(c["expected"]).new_tensor(
+    if not (isinstance(rows, torch.Tensor) and close(rows, tensor(c["expected"]).new_tensor(
             [float((a[0] @ bi) / (a[0].norm() * bi.norm())) for bi in b]))):
         fail("cosine_similarity(vector [3], table [4, 3]) should broadcast and give the 4 cosines [4]")
     colwise = call(fn, a.T, b.T, dim=0, what="cosine_similarity(a.T, b.T, dim=0)")
-    if not (isinstance(colwise, torch.Tensor) and _close(colwise, out)):
+    if not (isinstance(colwise, torch.Tensor) and close(colwise, out)):
         fail("cosine_similarity(a.T, b.T, dim=0) should equal cosine_similarity(a, b): reduce along `dim`")
     ok("scale-invariant, broadcasts, and follows `dim`")
 

@@ -2,29 +2,12 @@
 import torch
 
 from ..layers import decoder_step
-from ._core import (call, expect_tensor, fail, load_cases, load_weights, max_error, ok, require_callable,
+from ._core import (call, close, same, expect_tensor, fail, load_cases, load_weights, max_error, ok, require_callable,
                     tensor)
-
-def _close(a, b, atol=1e-6):
-    """Same shape and max |a - b| <= atol.  Written with plain arithmetic rather than torch.allclose,
-    so that a submission that replaces torch.allclose cannot change what these checks decide."""
-    a, b = a.detach().to(torch.float64), torch.as_tensor(b).to(torch.float64)
-    return tuple(a.shape) == tuple(b.shape) and (a.numel() == 0 or float((a - b).abs().max()) <= atol)
-
-
-def _same(a, b):
-    """Exact equality of two integer tensors, without torch.equal (see _close)."""
-    return tuple(a.shape) == tuple(b.shape) and bool((a == b).all())
-
-
-_cases = None
 
 
 def _data():
-    global _cases
-    if _cases is None:
-        _cases = load_cases("ch01")
-    return _cases
+    return load_cases("ch01")
 
 
 def _module(cls, init, name, state):
@@ -53,17 +36,17 @@ def check_additive_attention(cls):
     expect_tensor(ctx, "the context", shape=(2, 4))
     if torch.isnan(w).any():
         fail("the weights contain NaN without any mask")
-    if not _close(w.sum(-1), torch.ones(2, dtype=w.dtype), atol=1e-9):
-        if _close(w.sum(0), torch.ones(4, dtype=w.dtype), atol=1e-9):
+    if not close(w.sum(-1), torch.ones(2, dtype=w.dtype), atol=1e-9):
+        if close(w.sum(0), torch.ones(4, dtype=w.dtype), atol=1e-9):
             fail("your weights sum to 1 over the batch (dim 0), not over the source positions: take the softmax "
                  "over the positions i, dim=-1 of the [B, S] scores")
         fail(f"each sequence's weights must sum to 1 over its source positions; your sums are {w.sum(-1).tolist()}")
-    if _close(w, tensor(c["no_tanh_weights"])):
+    if close(w, tensor(c["no_tanh_weights"])):
         fail("you left out the tanh: the score is v . tanh(W_q s + W_k h_i), a small one-hidden-layer network")
-    if not _close(w, tensor(c["weights"])):
+    if not close(w, tensor(c["weights"])):
         fail(f"the weights differ from softmax_i(v . tanh(W_q query + W_k keys_i)) (max error "
              f"{max_error(w, tensor(c['weights'])):.3g}); W_q applies to the query (decoder state), W_k to the keys")
-    if not _close(ctx, tensor(c["context"])):
+    if not close(ctx, tensor(c["context"])):
         fail("the weights are right but the context is not: it is sum_i a_i h_i, the weighted sum of the keys "
              "(the encoder states themselves, not their projections)")
     ok("AdditiveAttention: scores, softmax over source positions, context")
@@ -80,7 +63,7 @@ def check_additive_attention_mask(cls):
     if torch.isnan(w).any():
         fail("masked weights contain NaN")
     pad, real = w[~mask], w[mask]
-    if _close(w, tensor(c["unmasked_junk_weights"])):
+    if close(w, tensor(c["unmasked_junk_weights"])):
         fail("your attention ignores the mask: padded positions still get weight. Set their scores to "
              "float('-inf') before the softmax (scores.masked_fill(~mask, float('-inf')))")
     if (pad.abs() > 1e-9).any() and (real.abs() < 1e-9).all():
@@ -88,10 +71,10 @@ def check_additive_attention_mask(cls):
     if (pad.abs() > 1e-9).any():
         fail("padded positions still get weight: filling their scores with 0 is not enough (exp(0) = 1); "
              "fill them with float('-inf') before the softmax")
-    if not _close(w.sum(-1), torch.ones(2, dtype=w.dtype), atol=1e-9):
+    if not close(w.sum(-1), torch.ones(2, dtype=w.dtype), atol=1e-9):
         fail("padding gets weight 0 but the weights no longer sum to 1: you applied the mask after the softmax; "
              "mask the scores before it")
-    if not (_close(w, tensor(c["masked_weights"])) and _close(ctx, tensor(c["masked_context"]))):
+    if not (close(w, tensor(c["masked_weights"])) and close(ctx, tensor(c["masked_context"]))):
         fail(f"masked weights or context differ from the expected ones (max error "
              f"{max_error(w, tensor(c['masked_weights'])):.3g})")
     ok("padded source positions get weight exactly 0; the rest still sums to 1")
@@ -109,22 +92,22 @@ def check_decoder_step(cls):
     expect_tensor(new_state, "new_state", shape=(2, 4))
     expect_tensor(logits, "logits", shape=(2, 7))
     expect_tensor(weights, "weights", shape=(2, 4))
-    if _close(new_state, s):
+    if close(new_state, s):
         fail("you returned the previous state: return the GRU's new state s_t")
-    if _close(weights, tensor(c["new_state_query_weights"])) and not _close(weights, tensor(c["weights"])):
+    if close(weights, tensor(c["new_state_query_weights"])) and not close(weights, tensor(c["weights"])):
         fail("the attention is queried with the new state; in this decoder the query is the previous state "
              "s_{t-1} (the context c_t is an input of the GRU that computes s_t)")
-    if _close(new_state, tensor(c["unmasked_new_state"])) and not _close(new_state, tensor(c["new_state"])):
+    if close(new_state, tensor(c["unmasked_new_state"])) and not close(new_state, tensor(c["new_state"])):
         fail("the decoder ignores the padding mask: pass mask on to self.attention")
-    if _close(new_state, tensor(c["swapped_gru_input_state"])):
+    if close(new_state, tensor(c["swapped_gru_input_state"])):
         fail("the GRU input is [embedding, context] in that order (torch.cat([self.embedding(y_prev), context], -1))")
-    if not _close(weights, tensor(c["weights"])):
+    if not close(weights, tensor(c["weights"])):
         fail(f"the attention weights differ (max error {max_error(weights, tensor(c['weights'])):.3g}): "
              "call self.attention(state, enc, mask) with the previous state as the query")
-    if not _close(new_state, tensor(c["new_state"])):
+    if not close(new_state, tensor(c["new_state"])):
         fail(f"the new state differs (max error {max_error(new_state, tensor(c['new_state'])):.3g}): "
              "s_t = self.gru(cat[embedding(y_prev), c_t], s_{t-1})")
-    if not _close(logits, tensor(c["logits"])):
+    if not close(logits, tensor(c["logits"])):
         fail("the state is right but the logits are not: logits = self.out(cat[s_t, c_t]), with the new state")
     ok("AttentionDecoder step: attention with s_{t-1}, GRU on [embedding, context], logits from [s_t, c_t]")
 
@@ -148,24 +131,24 @@ def _diagnose(out, expected, case):
     if out.shape[1] == expected.shape[1] + 1 and (out[:, 0] == bos).all():
         fail("your output starts with BOS: return only the generated tokens (BOS is the first input, not an output)")
     if out.shape[1] == case["max_len"] and expected.shape[1] < case["max_len"]:
-        if _same(out[:, : expected.shape[1]], expected):
+        if same(out[:, : expected.shape[1]], expected):
             fail("you kept decoding after every sequence had produced EOS: stop as soon as all are done "
                  "(the output is shorter than max_len then)")
-    if out.shape == expected.shape and not _same(out, expected):
+    if out.shape == expected.shape and not same(out, expected):
         after = torch.zeros_like(expected, dtype=torch.bool)
         for r, stop in enumerate(case["stops"]):
             if stop is not None:
                 after[r, stop + 1:] = True
-        if _same(out[~after], expected[~after]):
+        if same(out[~after], expected[~after]):
             fail("tokens after a sequence's EOS must be the pad id (0 by default): a finished sequence "
                  "keeps being decoded with the others, but its outputs are replaced by pad")
-    if out.shape[1] < expected.shape[1] and _same(out, expected[:, : out.shape[1]]):
+    if out.shape[1] < expected.shape[1] and same(out, expected[:, : out.shape[1]]):
         fail("you stopped when the first sequence produced EOS: stop only when every sequence has produced it "
              "(or after max_len steps)")
-    if out.shape[1] > 1 and not _same(out, expected):
+    if out.shape[1] > 1 and not same(out, expected):
         fail(f"greedy_decode returned\n{out}\nexpected\n{expected}\nEach step's input must be the previous step's "
              "argmax token (BOS at the first step), and the state must be carried from step to step")
-    if not _same(out, expected):
+    if not same(out, expected):
         fail(f"greedy_decode returned {out.tolist()}, expected {expected.tolist()}")
 
 

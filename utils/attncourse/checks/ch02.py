@@ -7,14 +7,8 @@ from ..layers import make_layer
 from ._core import (call, close, expect_pair, expect_tensor, fail, load_cases, load_weights, max_error, ok,
                     require_callable, tensor)
 
-_cases = None
-
-
 def _data():
-    global _cases
-    if _cases is None:
-        _cases = load_cases("ch02")
-    return _cases
+    return load_cases("ch02")
 
 
 def _scale_used(weights, raw):

@@ -3,24 +3,10 @@
 import torch
 
 from ..memory import peak_memory
-from ._core import call, expect_pair, expect_tensor, fail, load_cases, load_weights, max_error, ok, require_callable, tensor
-
-_cases = None
-
+from ._core import call, close, expect_pair, expect_tensor, fail, load_cases, load_weights, max_error, ok, require_callable, tensor
 
 def _data():
-    global _cases
-    if _cases is None:
-        _cases = load_cases("ch03")
-    return _cases
-
-
-def _same(a, b, atol=1e-6):
-    """Shapes equal and max |a - b| <= atol (written out: the checks trust no patched library helper)."""
-    a, b = torch.as_tensor(a).detach(), torch.as_tensor(b).detach()
-    if tuple(a.shape) != tuple(b.shape):
-        return False
-    return a.numel() == 0 or max_error(a, b) <= atol
+    return load_cases("ch03")
 
 
 def _full_attention(q, k, v, mask=None):
@@ -34,13 +20,13 @@ def check_split_heads(fn):
     c = _data()["split"]
     x, expected = tensor(c["x"]), tensor(c["heads"])          # x: [2, 3, 8] (B = 2, N = 3, D = 8), H = 2
     got = expect_tensor(call(fn, x, 2, what="split_heads(x, 2)"), "split_heads(x [2, 3, 8], 2)", shape=(2, 2, 3, 4))
-    if _same(got, expected):
+    if close(got, expected):
         ok("split_heads: [B, N, D] -> [B, H, N, D/H], head h holds features h*D_H .. (h+1)*D_H - 1")
         return
-    if _same(got, x.reshape(2, 2, 3, 4)):
+    if close(got, x.reshape(2, 2, 3, 4)):
         fail("you reshaped [B, N, D] straight to [B, H, N, D_H]: that mixes tokens across heads. Reshape to "
              "[B, N, H, D_H] first, then transpose the N and H axes (transpose(-3, -2))")
-    if _same(got, x.reshape(2, 3, 4, 2).permute(0, 3, 1, 2)):
+    if close(got, x.reshape(2, 3, 4, 2).permute(0, 3, 1, 2)):
         fail("your heads take every H-th feature; each head must own a contiguous slice of D_H features: "
              "reshape to [..., N, H, D_H] (not [..., N, D_H, H])")
     fail(f"split_heads differs from the expected result (max error {max_error(got, expected):.3g})")
@@ -52,13 +38,13 @@ def check_merge_heads(fn):
     c = _data()["split"]
     x, heads = tensor(c["x"]), tensor(c["heads"])
     got = expect_tensor(call(fn, heads, what="merge_heads(heads)"), "merge_heads(heads [2, 2, 3, 4])", shape=(2, 3, 8))
-    if _same(got, x):
+    if close(got, x):
         ok("merge_heads undoes split_heads: heads concatenated along the features, head 0 first")
         return
-    if _same(got, heads.reshape(2, 3, 8)):
+    if close(got, heads.reshape(2, 3, 8)):
         fail("you reshaped [B, H, N, D_H] straight to [B, N, D]: transpose H and N first "
              "(transpose(-3, -2)), then reshape")
-    if _same(got, heads.permute(0, 2, 3, 1).reshape(2, 3, 8)):
+    if close(got, heads.permute(0, 2, 3, 1).reshape(2, 3, 8)):
         fail("your features are interleaved across heads; concatenate whole heads, head 0 first: "
              "[B, H, N, D_H] -> [B, N, H, D_H] -> [B, N, H * D_H]")
     fail(f"merge_heads(split_heads(x)) should give x back (max error {max_error(got, x):.3g})")
@@ -75,13 +61,13 @@ def check_split_in_proj(fn):
     blocks, biases = [w[0:8], w[8:16], w[16:24]], [b[0:8], b[8:16], b[16:24]]
     for name, t in zip(["w_q", "w_k", "w_v", "b_q", "b_k", "b_v"], out):
         expect_tensor(t, name, shape=(8, 8) if name[0] == "w" else (8,))
-    if all(_same(o, e, 0) for o, e in zip(out, blocks + biases)):
+    if all(close(o, e, 0) for o, e in zip(out, blocks + biases)):
         ok("split_in_proj: rows 0..D-1 are W_Q, D..2D-1 W_K, 2D..3D-1 W_V (nn.Linear's [out, in] layout kept)")
         return
-    if all(_same(o, e.T, 0) for o, e in zip(out[:3], blocks)):
+    if all(close(o, e.T, 0) for o, e in zip(out[:3], blocks)):
         fail("you transposed the blocks; nn.MultiheadAttention stores them in nn.Linear's [out, in] layout, "
              "exactly what q_proj.weight expects: do not transpose")
-    if any(_same(o, e, 0) for o, e in zip(out[:3], blocks)) or any(_same(out[i], blocks[j], 0)
+    if any(close(o, e, 0) for o, e in zip(out[:3], blocks)) or any(close(out[i], blocks[j], 0)
                                                                 for i in range(3) for j in range(3) if i != j):
         fail("the blocks are in the wrong order: in_proj_weight stacks W_Q, W_K, W_V in that order along dim 0")
     fail("split_in_proj should cut in_proj_weight into three [D, D] row blocks (dim 0) and in_proj_bias into three")
@@ -120,15 +106,15 @@ def check_mha(cls):
     y, w = y.detach(), w.detach()
     with torch.no_grad():
         ty, tw = _torch_mha(c)(x, x, x, need_weights=True, average_attn_weights=False)
-    if _same(y, ty) and _same(w, tw):
+    if close(y, ty) and close(w, tw):
         ok("MultiHeadAttention matches torch.nn.MultiheadAttention (outputs and per-head weights)")
         return
-    if _same(y, tensor(c["no_out_proj_output"])):
+    if close(y, tensor(c["no_out_proj_output"])):
         fail("you forgot the output projection: return out_proj(merge_heads(...))")
-    if _same(y, tensor(c["d_model_scale_output"])):
+    if close(y, tensor(c["d_model_scale_output"])):
         fail("you divided the scores by sqrt(d_model); each head works in d_head = d_model / n_heads "
              "dimensions, so divide by sqrt(d_head)")
-    if not _same(w, tw):
+    if not close(w, tw):
         fail(f"your per-head weights [B, H, N_q, N_k] differ from torch's (max error {max_error(w, tw):.3g}): "
              "check split_heads and that q, k, v come from q_proj, k_proj and v_proj")
     fail(f"the weights match but the output differs from torch's (max error {max_error(y, ty):.3g}): "
@@ -153,7 +139,7 @@ def check_mha_masks(cls):
              "it applies to every head and every query, and pass it to the attention")
     with torch.no_grad():
         ty, tw = theirs(x, x, x, key_padding_mask=~key_mask, need_weights=True, average_attn_weights=False)
-    if not (_same(y, ty) and _same(w, tw)):
+    if not (close(y, ty) and close(w, tw)):
         fail(f"with key_mask the output differs from torch's (max error {max_error(y, ty):.3g})")
     ok("key_mask: padded keys get weight 0 in every head; matches torch with key_padding_mask=~key_mask")
     y, w = expect_pair(call(module, x, x, x, causal=True, what="forward(x, x, x, causal=True)"),
@@ -165,7 +151,7 @@ def check_mha_masks(cls):
              "the key mask")
     with torch.no_grad():
         ty, _ = theirs(x, x, x, attn_mask=future, need_weights=False)
-    if not _same(y, ty):
+    if not close(y, ty):
         fail(f"with causal=True the output differs from torch's (max error {max_error(y, ty):.3g})")
     ok("causal=True: no query sees the future; matches torch with attn_mask = the upper triangle")
 
@@ -240,7 +226,7 @@ def check_tiled_attention(fn):
     c = _data()["tiled"]
     q, k, v = tensor(c["q"]), tensor(c["k"]) * 3, tensor(c["v"])          # [2, 7, 4], [2, 7, 4], [2, 7, 3]
     full = _full_attention(q, k, v)
-    if not _same(_tiled_call(fn, q, k, v, 16, False), full):
+    if not close(_tiled_call(fn, q, k, v, 16, False), full):
         fail("even with one block (block_size >= N) the result differs from softmax(q k^T / sqrt(d)) v: check "
              "the scaling and the final division by the running sum")
     ones = _tiled_call(fn, q, k, torch.ones(2, 7, 3, dtype=torch.float64), 2, False)
@@ -252,8 +238,8 @@ def check_tiled_attention(fn):
              "rescale the accumulator acc by exp(m_old - m_new) (not only the running sum)")
     for bs in (1, 2, 3, 7, 9):
         got = _tiled_call(fn, q, k, v, bs, False)
-        if not _same(got, full):
-            if 7 % bs and _same(_tiled_call(fn, q[..., :6, :], k[..., :6, :], v[..., :6, :], 3, False),
+        if not close(got, full):
+            if 7 % bs and close(_tiled_call(fn, q[..., :6, :], k[..., :6, :], v[..., :6, :], 3, False),
                                 _full_attention(q[..., :6, :], k[..., :6, :], v[..., :6, :])):
                 fail(f"right when block_size divides N but not for N = 7, block_size = {bs}: the last block is "
                      "shorter; range(0, N, block_size) and slicing q[..., s : s + block_size, :] handle it")
@@ -273,12 +259,12 @@ def check_tiled_attention_causal(fn):
     full = _full_attention(q, k, v, mask)
     for bs in (1, 2, 3, 7, 9):
         got = _tiled_call(fn, q, k, v, bs, True)
-        if _same(got, full):
+        if close(got, full):
             continue
-        if bool(torch.isnan(got[..., 0, :]).any()) or _same(got[..., 1:, :],
+        if bool(torch.isnan(got[..., 0, :]).any()) or close(got[..., 1:, :],
                                                              _full_attention(q, k, v, mask.tril(-1))[..., 1:, :]):
             fail("query i must see key i itself: mask only j > i (the diagonal stays visible)")
-        if _same(got, _full_attention(q, k, v)):
+        if close(got, _full_attention(q, k, v)):
             fail("causal=True is ignored: mask the scores where key j > query i in each tile")
         fail(f"block_size={bs}, causal=True: differs from causal full attention (max error {max_error(got, full):.3g})")
     ok("causal tiled attention equals causal full attention for block sizes 1, 2, 3, 7 and 9")

@@ -3,21 +3,10 @@ import math
 
 import torch
 
-from ._core import call, expect_tensor, fail, load_cases, load_weights, max_error, ok, require_callable, tensor
-
-_cases = None
-
+from ._core import call, close, expect_tensor, fail, load_cases, load_weights, max_error, ok, require_callable, tensor
 
 def _data():
-    global _cases
-    if _cases is None:
-        _cases = load_cases("ch04")
-    return _cases
-
-
-def _same(a, b, atol=1e-6):
-    """Shapes equal and max |a - b| <= atol (written out: the checks trust no patched library helper)."""
-    return tuple(a.shape) == tuple(b.shape) and max_error(a.detach(), b.detach()) <= atol
+    return load_cases("ch04")
 
 
 def check_sinusoidal_table(fn):
@@ -27,23 +16,23 @@ def check_sinusoidal_table(fn):
     if pe.dtype != torch.float64:
         fail(f"sinusoidal_table should return float64 (compute the angles in float64), got {pe.dtype}")
     expected = tensor(_data()["sinusoidal_6_8"])
-    if _same(pe, expected):
+    if close(pe, expected):
         if pe.abs().max() > 1 + 1e-12:
             fail("values must lie in [-1, 1]")
         ok("sinusoidal table: sin on even, cos on odd dimensions, frequencies 1 / 10000^(2i/d)")
         return
     wrong = {k: tensor(v) for k, v in _data()["sinusoidal_mistakes"].items()}
-    if _same(pe, wrong["halves"]):
+    if close(pe, wrong["halves"]):
         fail("you put all the sines in the first half and all the cosines in the second half; the formula "
              "interleaves them: sin in dimension 2i, cos in dimension 2i+1 (table[:, 0::2] and table[:, 1::2])")
-    if _same(pe, wrong["swapped"]):
+    if close(pe, wrong["swapped"]):
         fail("sin and cos are swapped: dimension 2i (even) holds sin, dimension 2i+1 (odd) holds cos")
-    if _same(pe, wrong["per_dim"]):
+    if close(pe, wrong["per_dim"]):
         fail("wrong exponent: dimensions 2i and 2i+1 share one frequency 1 / 10000^(2i/d), with i the pair "
              "index (0 .. d/2 - 1); you gave every dimension its own frequency")
-    if _same(pe, wrong["from_1"]):
+    if close(pe, wrong["from_1"]):
         fail("positions start at 0: the first row (position 0) is [0, 1, 0, 1, ...]")
-    if _same(pe[0], torch.tensor([0.0, 1.0] * 4, dtype=torch.float64)) and _same(pe[:, 0], torch.sin(torch.arange(6.0)).double()):
+    if close(pe[0], torch.tensor([0.0, 1.0] * 4, dtype=torch.float64)) and close(pe[:, 0], torch.sin(torch.arange(6.0)).double()):
         fail(f"the first pair is right but later pairs are not (max error {max_error(pe, expected):.3g}): "
              "the frequency of pair i is 1 / 10000^(2i/d_model)")
     fail(f"sinusoidal_table(6, 8) differs from the formula (max error {max_error(pe, expected):.3g}); "
@@ -59,15 +48,15 @@ def check_shift_matrix(fn):
     expected = tensor(_data()["shift_3_8"])
     pe = tensor(_data()["sinusoidal_12_8"])
     moved = pe[:9] @ m.T                         # row pos: (M_k @ PE(pos))^T
-    if _same(m, expected):
-        if not _same(moved, pe[3:], 1e-9):
+    if close(m, expected):
+        if not close(moved, pe[3:], 1e-9):
             fail("M_3 is right but PE(pos + 3) != M_3 @ PE(pos) with your table: check sinusoidal_table")
         ok("shift_matrix: M_3 @ PE(pos) = PE(pos + 3) for every pos, and M_k is a rotation (M_k^T M_k = I)")
         return
-    if _same(m, expected.T):
+    if close(m, expected.T):
         fail("your M_k is transposed: it shifts by -k (M_k @ PE(pos) = PE(pos - k)). Acting on (sin a, cos a), "
              "the block is [[cos b, sin b], [-sin b, cos b]]")
-    if not _same(m.T @ m, torch.eye(8, dtype=torch.float64), 1e-9):
+    if not close(m.T @ m, torch.eye(8, dtype=torch.float64), 1e-9):
         fail("M_k must be a rotation (each 2x2 block [[cos b, sin b], [-sin b, cos b]], so M_k^T M_k = I); yours "
              "is not: check the signs (sin(a + b) = sin a cos b + cos a sin b, cos(a + b) = cos a cos b - sin a sin b)")
     fail(f"shift_matrix(3, 8) differs from the expected one (max error {max_error(m, expected):.3g}); "
@@ -87,12 +76,12 @@ def check_learned_positional_embedding(cls):
     y = expect_tensor(call(module, x, what="LearnedPositionalEmbedding.forward(x)"), "output", shape=(2, 4, 3))
     y = y.detach()
     weight = tensor(c["state"]["embedding.weight"])
-    if _same(y, tensor(c["output"])):
+    if close(y, tensor(c["output"])):
         ok("learned positional embedding: x + P[0:N], one row per position")
         return
-    if _same(y, weight[:4].expand(2, 4, 3)):
+    if close(y, weight[:4].expand(2, 4, 3)):
         fail("you returned the position embeddings only: add them to x (x + P[:N])")
-    if _same(y, x + weight[1:5]):
+    if close(y, x + weight[1:5]):
         fail("the first position must use row 0 of the table: positions are 0 .. N-1")
     fail(f"output differs from x + embedding.weight[:N] (max error {max_error(y, tensor(c['output'])):.3g})")
 
@@ -104,18 +93,18 @@ def check_rope(fn):
     x, positions = tensor(c["x"]), torch.tensor(c["positions"])
     y = expect_tensor(call(fn, x, positions, what="apply_rope(x, positions)"), "apply_rope(x, positions)",
                       shape=(3, 6), dtype=torch.float64)
-    if not _same(y.norm(dim=-1), x.norm(dim=-1), 1e-9):
+    if not close(y.norm(dim=-1), x.norm(dim=-1), 1e-9):
         fail("RoPE must preserve every vector's norm (it is a rotation); yours changes it. Each pair becomes "
              "(x1 cos - x2 sin, x1 sin + x2 cos)")
     wrong = {k: tensor(v) for k, v in c["mistakes"].items()}
-    if _same(y, wrong["halves"]):
+    if close(y, wrong["halves"]):
         fail("you rotated pairs (x[i], x[i + d/2]) (the 'rotate half' layout); this course pairs adjacent "
              "dimensions (x[2i], x[2i+1]), like the sinusoidal table")
-    if _same(y, wrong["reversed"]):
+    if close(y, wrong["reversed"]):
         fail("wrong direction: you rotated by -pos * w_i. (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)")
-    if _same(y, wrong["positions_ignored"]):
+    if close(y, wrong["positions_ignored"]):
         fail("you ignored the positions argument (used 0 .. N-1); rotate row n by positions[n] * w_i")
-    if not _same(y, tensor(c["output"])):
+    if not close(y, tensor(c["output"])):
         fail(f"apply_rope differs from the expected values (max error {max_error(y, tensor(c['output'])):.3g}); "
              "pair i rotates by positions[n] * 10000^(-2i/d)")
     ok("RoPE: fixed case matches and norms are preserved")
@@ -165,13 +154,13 @@ def check_relative_position_bias(cls):
     out = expect_tensor(call(module, scores, what="RelativePositionBias.forward(scores)"), "output", shape=(2, 3, 3))
     out = out.detach()
     expected = tensor(c["output"])
-    if _same(out, expected):
+    if close(out, expected):
         ok("relative position bias: B[h, i, j] = table[i - j + max_len - 1, h], added to every head's scores")
         return
     bias = out - scores
-    if _same(bias[0], bias[1]):
+    if close(bias[0], bias[1]):
         fail("every head got the same bias: each head has its own column of the table (B[h] = table[index, h])")
-    if _same(bias.flatten(), (expected - scores).permute(1, 2, 0).flatten()):
+    if close(bias.flatten(), (expected - scores).permute(1, 2, 0).flatten()):
         fail("the table lookup gives [N, N, heads]: permute it to [heads, N, N] (a reshape mixes heads and "
              "positions)")
     fail(f"output differs from scores + B (max error {max_error(out, expected):.3g})")
