@@ -64,7 +64,8 @@ def generic_students(chapter, instructor):
     first, last = sol[0], sol[-1]
     first_src = next(c.source for c in instructor.cells if nbtools.grade_info(c).get("grade_id") == first)
     name = first_src.split("def ", 1)[1].split("(", 1)[0] if first_src.lstrip().startswith("def ") else None
-    downstream = cascade(instructor, first)
+    variants = zoo(chapter)
+    downstream = cascade(instructor, variants, first)
     students = [
         Student("correct"),
         Student("blank", fails=all_tests, note="release untouched"),
@@ -72,7 +73,7 @@ def generic_students(chapter, instructor):
                 fails=downstream, note="imports the reference"),
         Student("cheat-sneaky", {last: sneaky_reference(instructor, last)}, fails=own[last],
                 note="imports the reference around the guard and calls it"),
-        Student("cheat-allclose", {first: PATCH_COMPARISONS + wrong_body(instructor, first)}, fails=downstream,
+        Student("cheat-allclose", {first: PATCH_COMPARISONS + wrong_body(instructor, variants, first)}, fails=downstream,
                 note="replaces torch/numpy comparison functions, wrong code"),
         Student("loop", {last: loop_body(instructor, last)}, fails=own[last], note="infinite loop"),
         Student("killer", {last: kill_body(instructor, last)}, fails=own[last], note="kills its kernel"),
@@ -81,20 +82,13 @@ def generic_students(chapter, instructor):
     return students
 
 
-def cascade(instructor, cell):
+def cascade(instructor, variants, cell):
     """Test cells that fail when ``cell`` is broken: its own, and those of cells that use it (from the zoo)."""
     fails = set(cells_tested(instructor)[cell])
-    for v in zoo_for(instructor):
+    for v in variants:
         if v.cell == cell:
             fails |= v.fails
     return fails
-
-
-_ZOO_CACHE = {}
-
-
-def zoo_for(instructor):
-    return _ZOO_CACHE.get(id(instructor), [])
 
 
 def reference_module(src):
@@ -123,9 +117,9 @@ def warn_body(nb, gid):
     return with_prelude(nb, gid, "import warnings\nwarnings.warn('this is a harmless warning', UserWarning)")
 
 
-def wrong_body(nb, gid):
+def wrong_body(nb, variants, gid):
     """The first zoo variant for ``gid``, pasted in."""
-    v = next(v for v in zoo_for(nb) if v.cell == gid)
+    v = next(v for v in variants if v.cell == gid)
     src = cell_source(nb, gid)
     return nbtools.fill_regions(src, lambda region: nbtools.function_body(v.impl))
 
@@ -163,7 +157,6 @@ def build(chapter, root):
     instructor = nbtools.read(nbtools.chapter_notebook(chapter))
     release = nbtools.read(root / "release" / chapter / name)
     variants = zoo(chapter)
-    _ZOO_CACHE[id(instructor)] = variants
     students = generic_students(chapter, instructor)
     for i, group in enumerate(pack(variants)):
         students.append(Student(f"zoo-{i + 1:02d}", {v.cell: v.impl for v in group},
