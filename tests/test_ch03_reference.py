@@ -1,5 +1,4 @@
 """Unit tests of the chapter 03 reference (multi-head attention and its cost)."""
-import math
 
 import pytest
 import torch

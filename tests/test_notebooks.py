@@ -3,7 +3,6 @@ import importlib
 import pkgutil
 import re
 
-import pytest
 
 import nbtools
 from attncourse_ref import grading

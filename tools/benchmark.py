@@ -18,8 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from nbclient import NotebookClient
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbtools  # noqa: E402
 
@@ -29,8 +27,7 @@ DEFAULT_RUN_BUDGET, COURSE_BUDGET, RATIO_BUDGET = 60, 360, 1.2
 
 def timed_execution(nb, cwd):
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(cwd)}}).execute()
+    nbtools.execute(nb, cwd)
     return time.perf_counter() - t0
 
 

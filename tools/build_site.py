@@ -13,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-from nbclient import NotebookClient
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbtools  # noqa: E402
 
@@ -46,8 +44,7 @@ def execute(chapter):
         return nbtools.read(cached)
     nb = nbtools.strip_hidden_tests(nbtools.read(src))
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(src.parent)}}).execute()
+    nbtools.execute(nb, src.parent)
     errors = [(i, o.ename, o.evalue) for i, c in enumerate(nb.cells) if c.cell_type == "code"
               for o in c.outputs if o.output_type == "error"]
     if errors:

@@ -6,7 +6,6 @@ in the `missing` column.
 """
 import argparse
 import csv
-import os
 import sys
 from pathlib import Path
 
@@ -56,7 +55,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="default: <root>/grades.csv")
     args = ap.parse_args(argv)
     root = Path(args.root).resolve()
-    url = os.environ.get("NBGRADER_DB_URL", f"sqlite:///{root / 'gradebook.db'}")
+    url = nbtools.gradebook_url(root)
     if url.startswith("sqlite") and not (root / "gradebook.db").exists():
         raise SystemExit(f"no gradebook at {root / 'gradebook.db'}: run `make autograde CH=...` first")
     header, data = rows(url)

@@ -113,8 +113,7 @@ def audit(sub_path):
 
 def notebook_score(root, chapter, student):
     from nbgrader.api import Gradebook, MissingEntry
-    url = os.environ.get("NBGRADER_DB_URL", f"sqlite:///{Path(root) / 'gradebook.db'}")
-    with Gradebook(url) as gb:
+    with Gradebook(nbtools.gradebook_url(root)) as gb:
         try:
             sub = gb.find_submission(chapter, student)
         except MissingEntry:

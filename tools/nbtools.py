@@ -140,3 +140,16 @@ def nbgrader(*args, root):
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
     cmd = [str(bindir / "nbgrader"), *args, f"--CourseDirectory.root={root}"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+
+
+def execute(nb, cwd, timeout=600):
+    """Execute ``nb`` in place in a fresh python3 kernel started in ``cwd``; errors stay in the outputs."""
+    from nbclient import NotebookClient
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    return nb
+
+
+def gradebook_url(root):
+    """NBGRADER_DB_URL (e.g. PostgreSQL) if set, else the course's SQLite gradebook."""
+    return os.environ.get("NBGRADER_DB_URL", f"sqlite:///{Path(root) / 'gradebook.db'}")

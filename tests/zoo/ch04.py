@@ -130,7 +130,7 @@ def rope_not_rotation(x, positions):
     d = x.shape[-1]
     inv_freq = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
     angles = positions.to(torch.float64)[:, None] * inv_freq
-    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
+    sin = torch.sin(angles).to(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack([x1 - x2 * sin, x1 * sin + x2], dim=-1).flatten(-2)
 

@@ -12,7 +12,6 @@ import contextlib
 import os
 import time
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 

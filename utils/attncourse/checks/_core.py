@@ -108,3 +108,14 @@ def load_weights(module, state, what):
             parts.append("wrong shape " + ", ".join(f"{k} is {mine[k]}, expected {wanted[k]}" for k in wrong))
         fail(f"{what}'s parameters must have exactly the stated names and shapes: " + "; ".join(parts))
     module.load_state_dict({k: tensor(v).to(module.state_dict()[k].dtype) for k, v in state.items()})
+
+
+def build_module(cls, init, name, state):
+    """Build a learner's module from ``init``, load the stored weights, in float64 and eval mode."""
+    require_callable(cls, name, kind="class")
+    module = call(cls, **init, what=f"{name}({', '.join(f'{k}={v}' for k, v in init.items())})")
+    if not isinstance(module, torch.nn.Module):
+        fail(f"{name}(...) should build a torch.nn.Module")
+    module = module.double()
+    load_weights(module, state, name)
+    return module.eval()

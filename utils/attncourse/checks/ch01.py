@@ -2,22 +2,12 @@
 import torch
 
 from ..layers import decoder_step
-from ._core import (call, close, same, expect_tensor, fail, load_cases, load_weights, max_error, ok, require_callable,
+from ._core import (build_module, call, close, same, expect_tensor, fail, load_cases, max_error, ok, require_callable,
                     tensor)
 
 
 def _data():
     return load_cases("ch01")
-
-
-def _module(cls, init, name, state):
-    require_callable(cls, name, kind="class")
-    module = call(cls, **init, what=f"{name}({', '.join(f'{k}={v}' for k, v in init.items())})")
-    if not isinstance(module, torch.nn.Module):
-        fail(f"{name}(...) should build a torch.nn.Module")
-    module = module.double()
-    load_weights(module, state, name)
-    return module.eval()
 
 
 def _pair(out, what):
@@ -29,7 +19,7 @@ def _pair(out, what):
 def check_additive_attention(cls):
     """Check AdditiveAttention(query_dim, key_dim, attn_dim): forward(query, keys, mask=None) -> (context, weights)."""
     c = _data()["attention"]
-    att = _module(cls, c["init"], "AdditiveAttention", c["state"])
+    att = build_module(cls, c["init"], "AdditiveAttention", c["state"])
     query, keys = tensor(c["query"]), tensor(c["keys"])
     ctx, w = _pair(call(att, query, keys, what="AdditiveAttention.forward(query, keys)"), "AdditiveAttention.forward")
     expect_tensor(w, "the attention weights", shape=(2, 4))
@@ -55,7 +45,7 @@ def check_additive_attention(cls):
 def check_additive_attention_mask(cls):
     """Check that AdditiveAttention ignores padded source positions (mask False)."""
     c = _data()["attention"]
-    att = _module(cls, c["init"], "AdditiveAttention", c["state"])
+    att = build_module(cls, c["init"], "AdditiveAttention", c["state"])
     query, keys, mask = tensor(c["query"]), tensor(c["junk_keys"]), torch.tensor(c["mask"])
     ctx, w = _pair(call(att, query, keys, mask=mask, what="AdditiveAttention.forward(query, keys, mask)"),
                    "AdditiveAttention.forward")
@@ -83,7 +73,7 @@ def check_additive_attention_mask(cls):
 def check_decoder_step(cls):
     """Check AttentionDecoder(...).forward(y_prev, state, enc, mask) -> (new_state, logits, weights)."""
     c = _data()["decoder"]
-    dec = _module(cls, c["init"], "AttentionDecoder", c["state"])
+    dec = build_module(cls, c["init"], "AttentionDecoder", c["state"])
     y_prev, s, enc, mask = torch.tensor(c["y_prev"]), tensor(c["s"]), tensor(c["enc"]), torch.tensor(c["mask"])
     out = call(dec, y_prev, s, enc, mask, what="AttentionDecoder.forward(y_prev, state, enc, mask)")
     if not isinstance(out, (tuple, list)) or len(out) != 3:
@@ -125,7 +115,7 @@ def _greedy(fn, case, what):
 
 
 def _diagnose(out, expected, case):
-    bos, eos = case["bos"], case["eos"]
+    bos = case["bos"]
     if out.shape[0] != expected.shape[0]:
         fail(f"greedy_decode should return one row per sequence ([{expected.shape[0]}, L]), got {list(out.shape)}")
     if out.shape[1] == expected.shape[1] + 1 and (out[:, 0] == bos).all():

@@ -4,7 +4,7 @@ import math
 import torch
 
 from ..layers import make_layer
-from ._core import (call, close, expect_pair, expect_tensor, fail, load_cases, load_weights, max_error, ok,
+from ._core import (build_module, call, close, expect_pair, expect_tensor, fail, load_cases, max_error, ok,
                     require_callable, tensor)
 
 def _data():
@@ -143,19 +143,10 @@ def check_causal_mask(fn):
     fail(f"causal_mask(5) should be lower-triangular including the diagonal; got\n{m.int()}")
 
 
-def _module(cls, init, name):
-    require_callable(cls, name, kind="class")
-    module = call(cls, **init, what=f"{name}({', '.join(f'{k}={v}' for k, v in init.items())})")
-    if not isinstance(module, torch.nn.Module):
-        fail(f"{name}(...) should build a torch.nn.Module")
-    return module.double()
-
-
 def check_self_attention(cls):
     """Check SelfAttention(d_model, d_head): fused qkv projection, forward(x, mask=None) -> (y, weights)."""
     c = _data()["self_attention"]
-    module = _module(cls, c["init"], "SelfAttention")
-    load_weights(module, c["state"], "SelfAttention")
+    module = build_module(cls, c["init"], "SelfAttention", c["state"])
     x = tensor(c["x"])
     y, a = expect_pair(call(module, x, what="SelfAttention.forward(x)"), "SelfAttention.forward")
     expect_tensor(y, "SelfAttention output", shape=(5, 3))
@@ -178,8 +169,7 @@ def check_self_attention(cls):
 def check_cross_attention(cls):
     """Check CrossAttention(d_query, d_context, d_head): forward(x, context, mask=None) -> (y, weights)."""
     c = _data()["cross_attention"]
-    module = _module(cls, c["init"], "CrossAttention")
-    load_weights(module, c["state"], "CrossAttention")
+    module = build_module(cls, c["init"], "CrossAttention", c["state"])
     x, ctx = tensor(c["x"]), tensor(c["context"])
     y, a = expect_pair(call(module, x, ctx, what="CrossAttention.forward(x, context)"), "CrossAttention.forward")
     if tuple(a.shape) == (4, 2) or tuple(y.shape)[:1] == (4,):

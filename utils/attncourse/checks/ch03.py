@@ -3,7 +3,7 @@
 import torch
 
 from ..memory import peak_memory
-from ._core import call, close, expect_pair, expect_tensor, fail, load_cases, load_weights, max_error, ok, require_callable, tensor
+from ._core import build_module, call, close, expect_pair, expect_tensor, fail, load_cases, max_error, ok, require_callable, tensor
 
 def _data():
     return load_cases("ch03")
@@ -73,16 +73,6 @@ def check_split_in_proj(fn):
     fail("split_in_proj should cut in_proj_weight into three [D, D] row blocks (dim 0) and in_proj_bias into three")
 
 
-def _module(cls, c):
-    require_callable(cls, "MultiHeadAttention", kind="class")
-    module = call(cls, **c["init"], what="MultiHeadAttention(d_model=8, n_heads=2)")
-    if not isinstance(module, torch.nn.Module):
-        fail("MultiHeadAttention(...) should build a torch.nn.Module")
-    module = module.double()
-    load_weights(module, c["state"], "MultiHeadAttention")
-    return module
-
-
 def _torch_mha(c):
     """torch.nn.MultiheadAttention holding the same weights (its fused layout: rows Q, K, V)."""
     st = {k: tensor(v) for k, v in c["state"].items()}
@@ -98,7 +88,7 @@ def _torch_mha(c):
 def check_mha(cls):
     """Check MultiHeadAttention(d_model, n_heads).forward(query, key, value) against torch.nn.MultiheadAttention."""
     c = _data()["mha"]
-    module = _module(cls, c)
+    module = build_module(cls, c["init"], "MultiHeadAttention", c["state"])
     x = tensor(c["x"])
     y, w = expect_pair(call(module, x, x, x, what="MultiHeadAttention.forward(x, x, x)"), "MultiHeadAttention.forward")
     expect_tensor(y, "output", shape=(2, 4, 8))
@@ -124,7 +114,7 @@ def check_mha(cls):
 def check_mha_masks(cls):
     """Check MultiHeadAttention's key_mask (True = real key) and causal arguments."""
     c = _data()["mha"]
-    module = _module(cls, c)
+    module = build_module(cls, c["init"], "MultiHeadAttention", c["state"])
     x, key_mask = tensor(c["x"]), torch.tensor(c["key_mask"])
     theirs = _torch_mha(c)
     y, w = expect_pair(call(module, x, x, x, key_mask=key_mask, what="forward(x, x, x, key_mask=key_mask)"),

@@ -1,5 +1,4 @@
 """Visible checks for chapter 04: positional encoding."""
-import math
 
 import torch
 
