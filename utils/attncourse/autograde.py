@@ -1,19 +1,22 @@
 """Client side of the hidden tests.  A hidden test cell calls ``grade("ch02.causal_mask", causal_mask)``.
 
-The reference answers and the comparison live in a separate, fresh Python process (the
-grading server, ``python -I -m attncourse_ref.grading``): this kernel only runs the
-submission on the inputs it is sent and sends back what came out.  What the client still
-checks in this kernel is that the submission did not lean on the reference package.
+The reference answers and the comparison live in the grading server, a separate Python process
+that this kernel cannot read or write: the kernel only runs the submission on the inputs it is
+sent and sends back what came out.
 
-Known limit: code that runs in the same kernel can, in principle, replace this module's
-functions too.  ``tools/grade_class.py`` therefore also audits every submission's source for
-such tampering and lists what it finds next to the grades.
+- Under the class grader (``tools/grade_class.py``) the server was started by the grader, outside
+  the confined kernel, and this kernel reaches it over its own channel
+  (``ATTNCOURSE_GRADING_SOCKET`` and ``ATTNCOURSE_GRADING_TOKEN``).  The server records every
+  verdict itself; the grader scores from that record.  What this module prints in the test cell is
+  feedback for the learner, not the grade: replacing this module changes the feedback, never the score.
+- Elsewhere (the maintainers' tests) it starts a private server over a pipe.
 """
 import atexit
 import contextlib
 import importlib.util
 import io
 import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -27,15 +30,37 @@ _REF_PACKAGE = "attncourse_ref"
 _server = None
 
 
+class _Channel:
+    """The two byte streams to the grading server."""
+
+    def __init__(self, rfile, wfile, keep=None):
+        self.rfile, self.wfile, self.keep = rfile, wfile, keep
+
+    def alive(self):
+        return self.keep is None or getattr(self.keep, "poll", lambda: None)() is None
+
+
 def start_server():
+    """Connect to the grader's server if this is a grading kernel, else start a private one."""
     global _server
-    if _server is not None and _server.poll() is None:
+    if _server is not None and _server.alive():
+        return _server
+    path = os.environ.get("ATTNCOURSE_GRADING_SOCKET")
+    if path:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        _server = _Channel(sock.makefile("rb"), sock.makefile("wb"), sock)
+        _wire.send(_server.wfile, {"token": os.environ.get("ATTNCOURSE_GRADING_TOKEN", "")})
+        hello, _ = _wire.recv(_server.rfile)
+        if "error" in hello:
+            raise RuntimeError(hello["error"])
         return _server
     env = {k: v for k, v in os.environ.items() if k != "ATTNCOURSE_GRADING_KERNEL"}
     env.setdefault("OMP_NUM_THREADS", "1")
-    _server = subprocess.Popen([sys.executable, "-I", "-m", "attncourse_ref.grading"], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    atexit.register(_server.kill)
+    proc = subprocess.Popen([sys.executable, "-I", "-m", "attncourse_ref.grading"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    atexit.register(proc.kill)
+    _server = _Channel(proc.stdout, proc.stdin, proc)
     return _server
 
 
@@ -45,23 +70,7 @@ def _reference_dir():
 
 
 def _decode(ref, arrays, prefix):
-    if "a" in ref:
-        return torch.from_numpy(arrays[f"{prefix}/{ref['a']}"].copy())
-    return ref["v"]
-
-
-def _to_numpy_list(out):
-    items = out if isinstance(out, (tuple, list)) else (out,)
-    res = []
-    for item in items:
-        if isinstance(item, torch.Tensor):
-            res.append(item.detach().cpu().numpy())
-        else:
-            arr = np.asarray(item)
-            if arr.dtype.hasobject or arr.dtype.kind not in "biuf":
-                raise TypeError(f"returned a {type(item).__name__}; expected tensors or numbers")
-            res.append(arr)
-    return res
+    return _wire.decode_value(ref, arrays, prefix)
 
 
 def _run_case(i, call, arrays, candidate):
@@ -87,7 +96,7 @@ def _run_case(i, call, arrays, candidate):
         out = candidate(layer, *args, **kwargs)
     else:
         raise ValueError(f"unknown case kind {call['kind']!r}")
-    result = _to_numpy_list(out)
+    result = _wire.flatten_result(out)
     if grad:
         outs = out if isinstance(out, (tuple, list)) else (out,)
         cots = [torch.from_numpy(arrays[f"{p}/{c}"].copy()) for c in grad["cotangents"]]
@@ -144,35 +153,50 @@ class _ReferenceWatch:
             sys.setprofile(previous)
 
 
+def _run_guarded(i, call, arrays, candidate, watch, forbid, test_id):
+    """Run one case; returns (result dict, outputs dict)."""
+    from .forbid import forbidding
+    watching = watch.watching if watch else contextlib.nullcontext
+    noise = io.StringIO()
+    try:
+        # Warnings and stderr from the submission are kept out of the test cell: nbgrader
+        # scores any stderr in a test cell as a failure, even a harmless warning.
+        with watching(), contextlib.redirect_stderr(noise), warnings.catch_warnings(), \
+                forbidding(forbid, test_id.split(".", 1)[-1]):
+            warnings.simplefilter("ignore")
+            got = _run_case(i, call, arrays, candidate)
+    except NotImplementedError:
+        return {"error": "NotImplementedError (the exercise is not done yet)"}, {}
+    except Exception as exc:  # the learner's bug: report it, keep grading other cases
+        return {"error": f"{type(exc).__name__}: {exc}"}, {}
+    return {"n": len(got)}, {f"c{i}/out{j}": arr for j, arr in enumerate(got)}
+
+
 def run_hidden_test(test_id, candidate, watch=None):
     """Run ``candidate`` on the server's cases for ``test_id``; return the verdict
     {'n_cases': int, 'failures': [str]}.  ``watch`` (a _ReferenceWatch) sees every call."""
     server = start_server()
-    _wire.send(server.stdin, {"test": test_id})
-    meta, arrays = _wire.recv(server.stdout)
+    _wire.send(server.wfile, {"test": test_id})
+    meta, arrays = _wire.recv(server.rfile)
     if "error" in meta:
         raise RuntimeError(meta["error"])
-    watching = watch.watching if watch else contextlib.nullcontext
+    forbid = meta.get("forbid", [])
     results, outputs = [], {}
-    noise = io.StringIO()
     for i, call in enumerate(meta["cases"]):
-        try:
-            # Warnings and stderr from the submission are kept out of the test cell: nbgrader
-            # scores any stderr in a test cell as a failure, even a harmless warning.
-            with watching(), contextlib.redirect_stderr(noise), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                got = _run_case(i, call, arrays, candidate)
-        except NotImplementedError:
-            results.append({"error": "NotImplementedError (the exercise is not done yet)"})
-            continue
-        except Exception as exc:  # the learner's bug: report it, keep grading other cases
-            results.append({"error": f"{type(exc).__name__}: {exc}"})
-            continue
-        for j, arr in enumerate(got):
-            outputs[f"c{i}/out{j}"] = arr
-        results.append({"n": len(got)})
-    _wire.send(server.stdin, {"results": results}, outputs)
-    verdict, _ = _wire.recv(server.stdout)
+        if "peak_bytes" in call:
+            # Memory-bounded case: the server sends its inputs only now, measures this process's
+            # peak resident memory while it runs, and takes the outputs with the 'end'.
+            _wire.send(server.wfile, {"begin": i})
+            _, case_arrays = _wire.recv(server.rfile)
+            res, out = _run_guarded(i, call, {**arrays, **case_arrays}, candidate, watch, forbid, test_id)
+            _wire.send(server.wfile, {"end": i}, out)
+            _wire.recv(server.rfile)
+        else:
+            res, out = _run_guarded(i, call, arrays, candidate, watch, forbid, test_id)
+            outputs.update(out)
+        results.append(res)
+    _wire.send(server.wfile, {"results": results}, outputs)
+    verdict, _ = _wire.recv(server.rfile)
     return verdict
 
 

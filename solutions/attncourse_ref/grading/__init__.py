@@ -13,17 +13,25 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from attncourse import _wire
+
 # Tolerances per dtype: (rtol, atol).  Cases are small (a few hundred terms per sum), so
 # float32 rounding stays well inside 1e-4 relative; float64 must agree almost to the bit.
 TOLERANCE = {np.dtype("float32"): (1e-4, 1e-5), np.dtype("float64"): (1e-7, 1e-9)}
 
 REGISTRY = {}
+FORBID = {}
 
 
-def hidden_test(name):
-    """Register a case builder ``fn(rng) -> list[Case]`` under a test id like 'ch02.causal_mask'."""
+def hidden_test(name, forbid=()):
+    """Register a case builder ``fn(rng) -> list[Case]`` under a test id like 'ch02.causal_mask'.
+
+    ``forbid``: dotted paths of the built-ins a from-scratch exercise may not call
+    (e.g. "torch.nn.functional.layer_norm"); see attncourse.forbid.
+    """
     def register(fn):
         REGISTRY[name] = fn
+        FORBID[name] = tuple(forbid)
         return fn
     return register
 
@@ -54,18 +62,12 @@ def fixed(shape, seed):
 
 
 def _encode(value, arrays, key):
-    if isinstance(value, torch.Tensor):
-        arrays[key] = value.detach().cpu().numpy()
-        return {"a": key}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return {"v": value}
-    raise TypeError(f"cannot send {type(value).__name__} to the client")
+    return _wire.encode_value(value, arrays, key)
 
 
 def _flatten(out):
-    """The client normalises outputs the same way: a tuple of tensors/numbers -> list of arrays."""
-    items = out if isinstance(out, (tuple, list)) else (out,)
-    return [i.detach().cpu().numpy() if isinstance(i, torch.Tensor) else np.asarray(i) for i in items]
+    """The client normalises outputs the same way (attncourse._wire.flatten_result)."""
+    return _wire.flatten_result(out)
 
 
 def describe_value(v):

@@ -1,4 +1,5 @@
 """Shared machinery of the visible checks: calling learner code, comparing, reporting."""
+import contextlib
 import functools
 import json
 import warnings
@@ -119,3 +120,15 @@ def build_module(cls, init, name, state):
     module = module.double()
     load_weights(module, state, name)
     return module.eval()
+
+
+@contextlib.contextmanager
+def forbidding(paths, exercise):
+    """Visible-check side of a from-scratch exercise: a call of a forbidden built-in fails the check
+    with a message that names it (see attncourse.forbid)."""
+    from ..forbid import ForbiddenCall, forbidding as _forbidding
+    try:
+        with _forbidding(paths, exercise):
+            yield
+    except ForbiddenCall as exc:
+        fail(str(exc))

@@ -1,0 +1,252 @@
+"""The confined grading kernel: ``python -m attncourse.sandbox -f CONNECTION_FILE [kernel args]``.
+
+``tools/grade_class.py`` installs a kernelspec ("attncourse-sandbox") whose command is this module
+and tells nbgrader to grade with it.  Before it becomes the ordinary IPython kernel, the process
+confines itself, for good (every process it starts inherits all of it):
+
+- **files** (Landlock): it may read the Python environment, the system libraries and the learner
+  package, and read and write only its own folder (the submission's working copy) and a private
+  temporary directory; the reference solutions, other students' folders, the gradebook and the
+  course are out of reach;
+- **network** (Landlock + seccomp): it may bind the kernel's own TCP ports, connect to no TCP
+  port, and open no UDP or raw socket (Unix sockets stay: the grading channel is one);
+- **resources** (rlimits, and a pids cgroup where one can be made): address space, file size,
+  open files and processes are bounded, so a memory bomb, a disk filler or a fork loop fails
+  inside the submission instead of hurting the grader or another student;
+- **privileges**: no new privileges, and every capability dropped (root cannot lift its limits).
+
+What was applied is written, as JSON, to ``$ATTNCOURSE_SANDBOX_REPORT`` (if set) before the
+kernel starts: the grader reads it from outside to say what held.  On a platform without
+Landlock (macOS, old kernels) the kernel still starts, and the report says it is unconfined.
+
+Settings (environment): ATTNCOURSE_SANDBOX_TMP (the private temporary directory, made by the
+grader), ATTNCOURSE_KERNEL_MEMORY_MB (default 6144), ATTNCOURSE_KERNEL_FILE_MB (default 256),
+ATTNCOURSE_KERNEL_PROCS (default 256), ATTNCOURSE_SANDBOX_CGROUP (a pids cgroup directory the
+grader made for this kernel, optional).
+"""
+import ctypes
+import ctypes.util
+import json
+import os
+import platform
+import resource
+import shutil
+import struct
+import sys
+import tempfile
+
+# Landlock (linux/landlock.h)
+_FS = {"execute": 1 << 0, "write_file": 1 << 1, "read_file": 1 << 2, "read_dir": 1 << 3,
+       "remove_dir": 1 << 4, "remove_file": 1 << 5, "make_char": 1 << 6, "make_dir": 1 << 7,
+       "make_reg": 1 << 8, "make_sock": 1 << 9, "make_fifo": 1 << 10, "make_block": 1 << 11,
+       "make_sym": 1 << 12, "refer": 1 << 13, "truncate": 1 << 14, "ioctl_dev": 1 << 15}
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1, 5: (1 << 16) - 1}
+_READ = _FS["execute"] | _FS["read_file"] | _FS["read_dir"]
+_NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
+_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+_SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446     # the same on x86_64 and aarch64
+_RULE_PATH, _RULE_PORT = 1, 2
+_PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP, _PR_SET_SECCOMP = 38, 24, 22
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _prctl(option, arg2=0, arg3=0):
+    """prctl with every argument passed at full width (a pointer must not be cut to 32 bits)."""
+    return _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0))
+
+
+def _syscall(nr, *args):
+    res = _libc.syscall(ctypes.c_long(nr), *args)
+    if res < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return res
+
+
+def landlock_abi():
+    """The kernel's Landlock ABI version, or 0 where there is none."""
+    if sys.platform != "linux":
+        return 0
+    try:
+        return _syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    except OSError:
+        return 0
+
+
+def _landlock(read_paths, write_paths, file_rules, tcp_bind_ports, abi):
+    fs = _FS_BY_ABI[min(abi, 5)]
+    net = (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0
+    scoped = (_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL) if abi >= 6 else 0
+    attr = struct.pack("QQQ", fs, net, scoped) if abi >= 6 else struct.pack("QQ", fs, net) if abi >= 4 \
+        else struct.pack("Q", fs)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    ruleset = _syscall(_SYS_CREATE, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    file_bits = _FS["execute"] | _FS["read_file"] | _FS["write_file"] | _FS["truncate"] | _FS["ioctl_dev"]
+    try:
+        rules = [(p, _READ) for p in read_paths] + [(p, fs) for p in write_paths] + list(file_rules)
+        for path, access in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            if not os.path.isdir(path):
+                access &= file_bits
+            rule = ctypes.create_string_buffer(struct.pack("=Qi", access & fs, fd), 12)
+            try:
+                _syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH), rule, ctypes.c_uint32(0))
+            finally:
+                os.close(fd)
+        for port in ([0] + list(tcp_bind_ports)) if net else ():   # 0: an ephemeral port (ipykernel's IOPub pipe)
+            rule = ctypes.create_string_buffer(struct.pack("=QQ", _NET_BIND_TCP, port), 16)
+            _syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PORT), rule, ctypes.c_uint32(0))
+        _syscall(_SYS_RESTRICT, ctypes.c_int(ruleset), ctypes.c_uint32(0))
+    finally:
+        os.close(ruleset)
+    return {"filesystem": True, "tcp": bool(net), "signals_and_abstract_sockets": bool(scoped)}
+
+
+# seccomp: socket() may create Unix sockets and TCP sockets (the kernel's own ports; Landlock
+# decides which), nothing else; io_uring (which would bypass both) is refused.
+_AUDIT_ARCH = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
+
+
+def _seccomp_socket_filter():
+    arch = _AUDIT_ARCH.get(platform.machine())
+    if arch is None:
+        return False
+    audit_arch, nr_socket, nr_io_uring_setup = arch
+    ld, jeq, ret, alu_and = 0x20, 0x15, 0x06, 0x54
+    allow, deny = 0x7FFF0000, 0x00050000 | 1          # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    prog = [
+        (ld, 0, 0, 4), (jeq, 1, 0, audit_arch), (ret, 0, 0, allow),          # other ABIs: untouched
+        (ld, 0, 0, 0), (jeq, 0, 1, nr_io_uring_setup), (ret, 0, 0, deny),
+        (jeq, 1, 0, nr_socket), (ret, 0, 0, allow),
+        (ld, 0, 0, 16),                                                       # args[0]: domain
+        (jeq, 0, 1, 1), (ret, 0, 0, allow),                                   # AF_UNIX
+        (jeq, 0, 1, 16), (ret, 0, 0, allow),                                  # AF_NETLINK (zmq lists interfaces)
+        (jeq, 2, 0, 2), (jeq, 1, 0, 10), (ret, 0, 0, deny),                   # AF_INET, AF_INET6, else no
+        (ld, 0, 0, 24), (alu_and, 0, 0, 0xF),                                 # args[1] & 0xf: the type
+        (jeq, 0, 1, 1), (ret, 0, 0, allow), (ret, 0, 0, deny),                # SOCK_STREAM only
+    ]
+    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    filt = ctypes.create_string_buffer(raw, len(raw))
+    fprog = struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(filt))
+    fbuf = ctypes.create_string_buffer(fprog, len(fprog))
+    if _prctl(_PR_SET_SECCOMP, 2, ctypes.addressof(fbuf)) != 0:   # SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "seccomp")
+    return True
+
+
+def _drop_capabilities():
+    for cap in range(64):
+        if _prctl(_PR_CAPBSET_DROP, cap) != 0 and ctypes.get_errno() == 22:
+            break                                          # EINVAL: past the last capability
+    header = struct.pack("Ii", 0x20080522, 0)             # _LINUX_CAPABILITY_VERSION_3, this process
+    data = bytes(24)                                       # effective, permitted, inheritable: none
+    return _libc.capset(ctypes.create_string_buffer(header, 8), ctypes.create_string_buffer(data, 24)) == 0
+
+
+def _limits(report):
+    mb = 1 << 20
+    memory = int(os.environ.get("ATTNCOURSE_KERNEL_MEMORY_MB", "6144")) * mb
+    file_size = int(os.environ.get("ATTNCOURSE_KERNEL_FILE_MB", "256")) * mb
+    procs = int(os.environ.get("ATTNCOURSE_KERNEL_PROCS", "256"))
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    report.update(memory_mb=memory // mb, file_mb=file_size // mb)
+    cgroup = os.environ.get("ATTNCOURSE_SANDBOX_CGROUP")
+    if cgroup and os.path.isdir(cgroup):
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:    # this process and its children
+            f.write(str(os.getpid()))
+        report["processes"] = f"pids cgroup ({procs})"
+    elif os.geteuid() != 0:
+        # RLIMIT_NPROC counts every process of this user: allow what runs now plus the budget.
+        mine = sum(1 for p in os.listdir("/proc") if p.isdigit() and _owned(p))
+        resource.setrlimit(resource.RLIMIT_NPROC, (mine + procs, mine + procs))
+        report["processes"] = f"RLIMIT_NPROC (+{procs})"
+    else:
+        report["processes"] = "unbounded (root without a pids cgroup)"
+
+
+def _owned(pid):
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def _private_home(tmp):
+    """Point every per-user cache at the private directory (the real home is out of reach)."""
+    for var, sub in [("HOME", ""), ("TMPDIR", ""), ("IPYTHONDIR", "ipython"), ("MPLCONFIGDIR", "matplotlib"),
+                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("XDG_CACHE_HOME", "cache")]:
+        path = os.path.join(tmp, sub)
+        os.makedirs(path, exist_ok=True)
+        os.environ[var] = path
+    # A matplotlib font cache built once by the grader saves every kernel a rebuild.
+    cache = os.environ.get("ATTNCOURSE_MPL_CACHE")
+    if cache and os.path.isdir(cache):
+        for name in os.listdir(cache):
+            if name.startswith("fontlist"):
+                shutil.copy(os.path.join(cache, name), os.environ["MPLCONFIGDIR"])
+
+
+def read_paths():
+    """What a grading kernel may read: the interpreter, its packages, system libraries, the learner package."""
+    import attncourse
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(attncourse.__file__)),
+             "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/sys/devices/system/cpu",
+             # Processes' status (ipykernel lists its children at shutdown).  Another process's
+             # environment, memory and files stay closed: Landlock refuses ptrace-level access to
+             # processes outside this kernel's domain.
+             "/proc"}
+    exe = os.path.realpath(sys.executable)
+    paths.add(os.path.dirname(os.path.dirname(exe)))
+    return sorted(paths)
+
+
+def confine(connection_file):
+    """Apply everything; return (connection file to use, report dict)."""
+    report = {"platform": sys.platform, "landlock_abi": landlock_abi(), "confined": False}
+    tmp = os.environ.get("ATTNCOURSE_SANDBOX_TMP") or tempfile.mkdtemp(prefix="attncourse-kernel-")
+    os.makedirs(tmp, exist_ok=True)
+    _private_home(tmp)
+    # The connection file lives in the grader's runtime folder, out of reach once confined.
+    conn = os.path.join(tmp, os.path.basename(connection_file))
+    shutil.copy(connection_file, conn)
+    with open(conn) as f:
+        info = json.load(f)
+    ports = [int(info[k]) for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port") if info.get(k)]
+    _limits(report)
+    if _prctl(_PR_SET_NO_NEW_PRIVS, 1) != 0:
+        raise OSError(ctypes.get_errno(), "no_new_privs")
+    abi = report["landlock_abi"]
+    if abi:
+        devices = [("/dev/null", _FS["read_file"] | _FS["write_file"]), ("/dev/zero", _FS["read_file"]),
+                   ("/dev/urandom", _FS["read_file"]), ("/dev/random", _FS["read_file"])]
+        report.update(_landlock(read_paths(), [os.getcwd(), tmp], devices, ports, abi))
+        report["read"] = read_paths()
+        report["write"] = [os.getcwd(), tmp]
+    report["socket_filter"] = _seccomp_socket_filter() if sys.platform == "linux" else False
+    report["capabilities_dropped"] = _drop_capabilities() if os.geteuid() == 0 else "not root"
+    report["confined"] = bool(abi)
+    return conn, report
+
+
+def main(argv):
+    if "-f" not in argv:
+        raise SystemExit("usage: python -m attncourse.sandbox -f CONNECTION_FILE [ipykernel arguments]")
+    i = argv.index("-f")
+    conn, report = confine(argv[i + 1])
+    out = os.environ.pop("ATTNCOURSE_SANDBOX_REPORT", None)
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f)
+    args = argv[:i] + ["-f", conn] + argv[i + 2:]
+    os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *args])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
