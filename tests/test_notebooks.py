@@ -96,3 +96,25 @@ def test_learner_package_does_not_spell_out_the_reference():
             if line.strip() in ref_lines:
                 leaks.append(f"{path.relative_to(nbtools.ROOT)}:{n}: {line.strip()}")
     assert not leaks, "reference code in the learner package:\n" + "\n".join(leaks)
+
+
+def test_release_notebooks_carry_no_reference_body(chapter):
+    """What learners download: no graded reference body of any chapter, in any spelling (tools/leaks.py)."""
+    import nbformat
+    import leaks
+    student = nbtools.strip_solutions(nbtools.strip_hidden_tests(_notebook(chapter)))
+    assert leaks.leaked_bodies(leaks.notebook_text(nbformat.writes(student))) == []
+
+
+def test_leak_detector_finds_a_reformatted_copy():
+    """The detector must catch a reference body pasted with other layout and comments, and in HTML."""
+    import html
+    import leaks
+    (chapter, gid), _ = next(iter(leaks.reference_bodies().items()))
+    nb = _notebook(chapter)
+    region = next(c.source for c in nb.cells if nbtools.grade_info(c).get("grade_id") == gid).split(nbtools.BEGIN)[1]
+    body = nbtools.function_body(nbtools.reference_object(region))
+    reformatted = "\n".join(line.strip() + "   # a comment" for line in body.splitlines())
+    assert (chapter, gid) in leaks.leaked_bodies(reformatted)
+    assert (chapter, gid) in leaks.leaked_bodies("<pre><span>" + html.escape(body).replace(" ", "</span> <span>") + "</pre>")
+    assert (chapter, gid) not in leaks.leaked_bodies("def f(x):\n    return x + 1\n")

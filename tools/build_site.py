@@ -5,7 +5,8 @@
    _build/nbcache/ (the key hashes the notebook and the utils/ and solutions/ packages).
 2. Strip the solutions from the executed copy, keeping its outputs, into site/<chapter>/.
 3. Run Jupyter Book on the repository (execution off) into _build/html.
-4. Refuse to publish if any page or copied source carries solution code or hidden tests.
+4. Refuse to publish if any page or copied source carries solution code or hidden tests: marker
+   strings, and every graded reference body compared token by token (tools/leaks.py).
 """
 import hashlib
 import subprocess
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import leaks  # noqa: E402
 import nbtools  # noqa: E402
 
 ROOT = nbtools.ROOT
@@ -22,7 +24,6 @@ SITE = ROOT / "site"
 HTML = ROOT / "_build" / "html"
 # Strings that must never reach the published site.
 LEAKS = ["BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "attncourse_ref", "attncourse.autograde"]
-TEXT_SUFFIXES = {".html", ".ipynb", ".md", ".txt", ".js", ".json", ".py"}
 
 
 def inputs_hash(nb_path):
@@ -59,11 +60,13 @@ def execute(chapter):
 
 
 def check_no_leaks(folder):
+    """[(file, what)]: marker strings and graded reference bodies found below ``folder``."""
     found = []
     for f in folder.rglob("*"):
-        if f.is_file() and f.suffix in TEXT_SUFFIXES and "mathjax" not in f.parts:
+        if f.is_file() and f.suffix in leaks.TEXT_SUFFIXES and "mathjax" not in f.parts:
             text = f.read_text(errors="ignore")
             found += [(f, s) for s in LEAKS if s in text]
+    found += [(f, f"the reference body of {ch}'s {gid}") for f, ch, gid in leaks.scan(folder)]
     return found
 
 
@@ -71,9 +74,9 @@ def main():
     for chapter in nbtools.chapters():
         nb = nbtools.strip_solutions(execute(chapter))
         nbtools.write(nb, SITE / chapter / nbtools.chapter_notebook(chapter).name)
-    leaks = check_no_leaks(SITE)
-    if leaks:
-        raise SystemExit("solution text would be published: " + "; ".join(f"{f}: {s!r}" for f, s in leaks))
+    found = check_no_leaks(SITE)
+    if found:
+        raise SystemExit("solution text would be published: " + "; ".join(f"{f}: {s!r}" for f, s in found))
     book = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--keep-going"]
     res = subprocess.run(book, cwd=ROOT, capture_output=True, text=True)
     log = res.stdout + res.stderr
@@ -82,9 +85,9 @@ def main():
     if res.returncode or not (HTML / "index.html").exists():
         print(log[-4000:])
         raise SystemExit("jupyter-book build failed (full log: _build/jupyter-book.log)")
-    leaks = check_no_leaks(HTML)
-    if leaks:
-        raise SystemExit("the built site carries solution text: " + "; ".join(f"{f}: {s!r}" for f, s in leaks[:5]))
+    found = check_no_leaks(HTML)
+    if found:
+        raise SystemExit("the built site carries solution text: " + "; ".join(f"{f}: {s!r}" for f, s in found[:5]))
     warnings = [line for line in log.splitlines() if "WARNING" in line]
     for w in warnings[:20]:
         print(w)

@@ -1,12 +1,21 @@
 """Autograde every submission of one chapter: python tools/grade_class.py CHAPTER [--root DIR].
 
-Each student is graded by its own `nbgrader autograde` run, so one broken submission never
-stops the others.  nbgrader drops a whole notebook when the submission kills its kernel
-(os._exit, a segfault, running out of memory); this script then finds the cell that did it,
-disables that cell (or the solution cell a killed test cell was exercising) in a copy of the
-submission, keeps the original under salvaged/<student>/<chapter>/, and grades the copy, so
-the student loses the points of what broke and keeps the rest.  Finally it audits every
-submission's source for attempts to tamper with grading and writes audit_<chapter>.csv.
+Whom grading trusts (COURSE_DESIGN.md): nothing a submission's kernel reports.
+- One grading server per class run (attncourse_ref.grading --serve) computes every hidden test's
+  verdict outside the kernel and records it where no kernel can write (verdicts/<chapter>/).
+- nbgrader runs each submission in the confined kernel "attncourse-sandbox" (attncourse.sandbox):
+  it reads only the Python environment and its own folder, writes only there and in a private
+  temporary directory, opens no network connection, and has bounded memory, file size, processes
+  and disk.
+- After nbgrader, the grader reconciles: a test cell that nbgrader scored but whose recorded
+  verdict is missing or failed scores 0, and so does a cell whose exercise forbids a built-in that
+  the submitted source names.  Every such change is listed in the report and in audit_<chapter>.csv.
+
+One broken submission never stops the others: nbgrader goes on after a failing notebook, and
+when a submission kills its kernel (os._exit, a crash, the watchdog stopping a fork loop or a
+disk filler) this script finds the cell that did it, disables that cell (or the solution cell a
+killed test cell was exercising) in a copy, keeps the original under salvaged/<student>/<chapter>/,
+and grades the copy, so the student loses only the points of what broke.
 """
 import argparse
 import csv
@@ -24,6 +33,7 @@ from nbclient.exceptions import DeadKernelError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbtools  # noqa: E402
+import confinement  # noqa: E402
 
 DISABLED = ('raise RuntimeError("The grader disabled this cell: running it killed the Python kernel '
             '(os._exit, a crash or running out of memory), which would have lost the grades of the whole notebook.")')
@@ -66,7 +76,7 @@ def autograde_input(submission, source):
 def killing_cell(nb, workdir, timeout):
     """Index of the first cell during which the kernel dies, or None."""
     nb = nbformat.from_dict(nb)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+    client = NotebookClient(nb, timeout=timeout, kernel_name=confinement.KERNEL, allow_errors=True,
                             interrupt_on_timeout=True, resources={"metadata": {"path": str(workdir)}})
     with client.setup_kernel():
         for i, cell in enumerate(nb.cells):
@@ -158,7 +168,7 @@ def regrade_after_crash(chapter, student, root, source, timeout):
             backup.mkdir(parents=True, exist_ok=True)
             shutil.copy(sub_path, backup / name)
         nbtools.write(submission, sub_path)
-        nbtools.nbgrader("autograde", chapter, "--student", student, "--create", "--force", root=root)
+        confinement.autograde(chapter, root, student)
         if graded(chapter, student, root):
             return (f"graded after disabling {', '.join(disabled)}: it killed the kernel "
                     f"(original kept in {backup})")
@@ -188,11 +198,11 @@ def main(argv=None):
     ok = [s for s in students if status[s] is None]
     if args.student:
         for s in ok:
-            nbtools.nbgrader("autograde", args.chapter, "--student", s, "--create", "--force", root=root)
+            confinement.autograde(args.chapter, root, s)
     elif ok:
         # One nbgrader run for the class: its start-up cost is paid once.  nbgrader goes on
         # with the next student when one fails; what failed is picked up below.
-        nbtools.nbgrader("autograde", args.chapter, "--create", "--force", root=root)
+        confinement.autograde(args.chapter, root)
     batch = time.perf_counter() - t0
     for s in ok:
         status[s] = "graded" if graded(args.chapter, s, root) else None
@@ -202,6 +212,15 @@ def main(argv=None):
                 status[s] = regrade_after_crash(args.chapter, s, root, source, timeout)
             except Exception as exc:  # never let one student stop the class
                 status[s] = f"not graded: {type(exc).__name__}: {exc}"
+    # The server's record decides: scores nbgrader gave without a passing verdict become 0.
+    release = nbtools.read(root / "release" / args.chapter / nbtools.chapter_notebook(args.chapter).name)
+    confinement_seen = set()
+    for s in ok:
+        if status[s].startswith("graded"):
+            facts, changes = confinement.reconcile(args.chapter, root, s, source, release)
+            confinement_seen.add(confinement.describe(facts))
+            for cell, why in changes:
+                status[s] += f"; {cell}: {why}"
     rows, flagged = [], []
     for student in students:
         score = notebook_score(root, args.chapter, student)
@@ -209,12 +228,15 @@ def main(argv=None):
         hits = audit(sub) if sub.exists() and status[student].startswith("graded") else []
         flagged += [(student, *h) for h in hits]
         rows.append((student, score, status[student], len(hits)))
+    confinement_note = "; ".join(sorted(confinement_seen)) or "no submission was graded"
     audit_path = root / f"audit_{args.chapter}.csv"
     with open(audit_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["student", "cell", "pattern", "line"])
+        w.writerow(["(all)", "", "grading kernels", confinement_note])
         w.writerows(flagged)
     width = max(len(r[0]) for r in rows)
+    print(f"grading kernels: {confinement_note}\n")
     print(f"{'student':<{width}}  {'score':>11}  audit  status")
     for student, score, state, n in rows:
         s = "-" if score is None or not state.startswith("graded") else f"{score[0]:g} / {score[1]:g}"

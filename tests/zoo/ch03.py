@@ -142,6 +142,16 @@ def memory_elements(n, d, h, bytes_per_element=4):
 
 
 # ---- tiled_attention ----------------------------------------------------------------------------------
+@_add("tiled attention that builds the full score matrix", "tiled_attention", {"test_tiled_attention"},
+      "check_tiled_attention", "full N x N score matrix")
+def tiled_full_matrix(q, k, v, block_size, causal=False):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[-2]
+        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
 @_add("online softmax without rescaling the running sum", "tiled_attention", TILED, "check_tiled_attention",
       "running sum")
 def tiled_no_sum_rescale(q, k, v, block_size, causal=False):

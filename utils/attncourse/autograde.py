@@ -94,6 +94,12 @@ def _run_case(i, call, arrays, candidate):
     elif call["kind"] == "layer":
         layer = make_layer(call["layer"], torch.from_numpy(arrays[f"{p}/{call['weight']}"].copy()))
         out = candidate(layer, *args, **kwargs)
+    elif call["kind"] == "module_grad":
+        # As "module", with autograd on, so the case's "grad" can ask for input gradients.
+        module = candidate(**call["init"]).to(getattr(torch, call["dtype"]))
+        _load_state(module, {name: torch.from_numpy(arrays[f"{p}/{key}"].copy()) for name, key in call["state"].items()})
+        module.eval()
+        out = module(*args, **kwargs)
     else:
         raise ValueError(f"unknown case kind {call['kind']!r}")
     result = _wire.flatten_result(out)

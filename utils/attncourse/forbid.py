@@ -47,9 +47,13 @@ def forbidding(paths, exercise):
             if found is None:
                 continue
             owner, name = found
-            saved.append((owner, name, owner.__dict__.get(name, getattr(owner, name))))
+            own = name in vars(owner)          # else inherited (e.g. Tensor.softmax from TensorBase)
+            saved.append((owner, name, vars(owner).get(name), own))
             setattr(owner, name, _blocked(path, exercise))
         yield
     finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
+        for owner, name, value, own in reversed(saved):
+            if own:
+                setattr(owner, name, value)
+            else:
+                delattr(owner, name)

@@ -210,7 +210,7 @@ def read_paths():
 def confine(connection_file):
     """Apply everything; return (connection file to use, report dict)."""
     report = {"platform": sys.platform, "landlock_abi": landlock_abi(), "confined": False}
-    tmp = os.environ.get("ATTNCOURSE_SANDBOX_TMP") or tempfile.mkdtemp(prefix="attncourse-kernel-")
+    tmp = os.environ["ATTNCOURSE_SANDBOX_TMP"]
     os.makedirs(tmp, exist_ok=True)
     _private_home(tmp)
     # The connection file lives in the grader's runtime folder, out of reach once confined.
@@ -235,10 +235,59 @@ def confine(connection_file):
     return conn, report
 
 
+def open_channel(tmp, cgroup):
+    """Ask the class grader's server for this kernel's grading channel (before confinement).
+
+    The server answers only unconfined callers (it checks NoNewPrivs of the connecting process),
+    so a confined kernel cannot ask for a channel in a classmate's name.  The server records
+    verdicts for the student whose folder this kernel was started in.
+    """
+    control = os.environ.pop("ATTNCOURSE_GRADER_CONTROL", None)
+    if not control:
+        return
+    import socket
+    from . import _wire
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(control)
+        rfile, wfile = sock.makefile("rb"), sock.makefile("wb")
+        _wire.send(wfile, {"open": os.getcwd(), "tmp": tmp, "cgroup": cgroup, "landlock_abi": landlock_abi()})
+        reply, _ = _wire.recv(rfile)
+    if "error" in reply:
+        raise SystemExit(f"grading channel refused: {reply['error']}")
+    os.environ["ATTNCOURSE_GRADING_SOCKET"] = reply["socket"]
+    os.environ["ATTNCOURSE_GRADING_TOKEN"] = reply["token"]
+
+
+def _make_cgroup():
+    """A pids cgroup of its own, where this process may make one (root, cgroup v1 or v2 with pids)."""
+    procs = os.environ.get("ATTNCOURSE_KERNEL_PROCS", "256")
+    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        if not os.path.isdir(base):
+            continue
+        path = os.path.join(base, f"attncourse-kernel-{os.getpid()}")
+        try:
+            os.mkdir(path)
+            with open(os.path.join(path, "pids.max"), "w") as f:
+                f.write(procs)
+            return path
+        except OSError:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+    return None
+
+
 def main(argv):
     if "-f" not in argv:
         raise SystemExit("usage: python -m attncourse.sandbox -f CONNECTION_FILE [ipykernel arguments]")
     i = argv.index("-f")
+    tmp = os.environ.get("ATTNCOURSE_SANDBOX_TMP") or tempfile.mkdtemp(prefix="attncourse-kernel-")
+    os.environ["ATTNCOURSE_SANDBOX_TMP"] = tmp
+    cgroup = _make_cgroup() if sys.platform == "linux" and os.geteuid() == 0 else None
+    if cgroup:
+        os.environ["ATTNCOURSE_SANDBOX_CGROUP"] = cgroup
+    open_channel(tmp, cgroup)
     conn, report = confine(argv[i + 1])
     out = os.environ.pop("ATTNCOURSE_SANDBOX_REPORT", None)
     if out:

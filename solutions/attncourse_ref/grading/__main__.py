@@ -4,19 +4,27 @@ Two ways to run it:
 
 - ``python -I -m attncourse_ref.grading``: one session over stdin/stdout.  The maintainers' tests
   (``run_hidden_test`` outside a grading kernel) use this.
-- ``python -I -m attncourse_ref.grading --serve``: the class grader's server.  ``tools/grade_class.py``
-  starts one per class run, before any kernel, and opens a *channel* per submission attempt by
-  writing a JSON line ``{"socket": PATH, "token": SECRET, "record": FILE}`` to its stdin.  The
-  server listens on that Unix socket; a kernel must present the token first.  Each connection is
-  served by a forked child (the reference is imported once, in the parent), which appends every
-  verdict it computes to the record file.  Kernels cannot write that file: the record, not what
+- ``python -I -m attncourse_ref.grading --serve CONTROL --root COURSE``: the class grader's server.
+  ``tools/grade_class.py`` starts one per class run, before any kernel; it lives until its stdin
+  closes.  Each confined kernel's launcher (attncourse.sandbox), before it confines itself, asks
+  on the CONTROL socket for a channel, naming the folder it runs in; the server refuses callers
+  that are already confined (NoNewPrivs), so a kernel cannot ask in a classmate's name.  A channel
+  is a Unix socket with a secret token.  Each connection is served by a forked child (the reference
+  is imported once, in the parent), which appends every verdict to the student's record
+  ``COURSE/verdicts/<chapter>/<student>.jsonl``.  Kernels cannot write there: the record, not what
   a test cell printed, is what the grader turns into scores.
+- While a kernel lives the server also watches it from outside: a kernel whose folders grow past
+  the disk quota, or whose processes reach the process limit (a fork loop), is killed, and the
+  grader then disables the cell that did it (tools/grade_class.py).
 """
 import importlib
 import json
 import os
 import pkgutil
+import secrets
 import selectors
+import shutil
+import signal
 import socket
 import sys
 
@@ -106,7 +114,7 @@ def session(rfile, wfile, peer_pid=None, record=None):
         failures = _judge(test_id, cases, msg, got, peaks)
         verdict = {"test": test_id, "n_cases": len(cases), "failures": failures}
         if record is not None:
-            record.write(json.dumps({**verdict, "passed": not failures}) + "\n")
+            record.write(json.dumps({**verdict, "passed": not failures, "forbid": list(FORBID.get(test_id, ()))}) + "\n")
             record.flush()
         _wire.send(wfile, verdict)
 
@@ -117,39 +125,139 @@ def _serve_connection(conn, channel):
     peer_pid = int.from_bytes(creds[:4], "little")
     rfile, wfile = conn.makefile("rb"), conn.makefile("wb")
     hello, _ = _wire.recv(rfile)
-    if hello.get("token") != channel["token"]:
-        _wire.send(wfile, {"error": "this grading channel belongs to another submission"})
+    if not secrets.compare_digest(str(hello.get("token", "")), channel["token"]):
+        _wire.send(wfile, {"error": "this grading channel belongs to another kernel"})
         return
     _wire.send(wfile, {"ok": True})
+    if channel["record"] is None:
+        session(rfile, wfile, peer_pid)
+        return
     with open(channel["record"], "a") as record:
         session(rfile, wfile, peer_pid, record)
 
 
-def serve():
-    """The class grader's server: channels opened on stdin, one forked child per connection."""
+def _unconfined(pid):
+    """True if process ``pid`` has not given up privileges (a kernel launcher before confinement)."""
+    try:
+        status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+        return status.get("NoNewPrivs", "1").strip() == "0"
+    except OSError:
+        return False
+
+
+class Watch:
+    """One live kernel, seen from outside: its folders, its pids cgroup, its quota."""
+
+    def __init__(self, pid, folders, cgroup):
+        self.pid, self.folders, self.cgroup = pid, folders, cgroup
+        self.disk_limit = int(os.environ.get("ATTNCOURSE_KERNEL_DISK_MB", "1024")) << 20
+        self.proc_limit = int(os.environ.get("ATTNCOURSE_KERNEL_PROCS", "256"))
+
+    def alive(self):
+        try:
+            os.kill(self.pid, 0)
+            return not open(f"/proc/{self.pid}/stat").read().split(") ", 1)[1].startswith("Z")
+        except OSError:
+            return False
+
+    def pids(self):
+        if self.cgroup:
+            try:
+                return [int(p) for p in open(os.path.join(self.cgroup, "cgroup.procs")).read().split()]
+            except OSError:
+                return []
+        return [self.pid]
+
+    def over(self):
+        """Why this kernel must be stopped, or None."""
+        if self.cgroup and len(self.pids()) >= self.proc_limit:
+            return "process limit"
+        used = 0
+        for folder in self.folders:
+            for top, _, files in os.walk(folder):
+                for f in files:
+                    try:
+                        used += os.lstat(os.path.join(top, f)).st_blocks * 512
+                    except OSError:
+                        pass
+        return "disk quota" if used > self.disk_limit else None
+
+    def kill(self):
+        for _ in range(50):                       # a fork loop keeps making processes: repeat
+            pids = self.pids() if self.cgroup else [self.pid]
+            if not pids:
+                break
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            if not self.cgroup:
+                break
+
+    def cleanup(self):
+        self.kill()
+        if self.cgroup:
+            try:
+                os.rmdir(self.cgroup)
+            except OSError:
+                pass
+        shutil.rmtree(self.folders[-1], ignore_errors=True)      # the private temporary directory
+
+
+def _record_path(root, folder):
+    """COURSE/verdicts/<chapter>/<student>.jsonl for a kernel started in COURSE/autograded/<student>/<chapter>."""
+    rel = os.path.relpath(os.path.realpath(folder), os.path.realpath(os.path.join(root, "autograded")))
+    parts = rel.split(os.sep)
+    if len(parts) != 2 or parts[0] in ("..", "."):
+        return None
+    student, chapter = parts
+    os.makedirs(os.path.join(root, "verdicts", chapter), exist_ok=True)
+    return os.path.join(root, "verdicts", chapter, f"{student}.jsonl")
+
+
+def serve(control_path, root):
+    """The class grader's server: channels on request, one forked child per kernel connection."""
     sel = selectors.DefaultSelector()
-    sel.register(sys.stdin, selectors.EVENT_READ, None)
+    sel.register(sys.stdin, selectors.EVENT_READ, "stdin")
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    control.bind(control_path)
+    control.listen(16)
+    sel.register(control, selectors.EVENT_READ, "control")
+    chan_dir = os.path.dirname(control_path)
+    watches = {}
     while True:
-        for key, _ in sel.select(timeout=1.0):
-            if key.data is None:
-                line = sys.stdin.readline()
-                if not line:
+        for key, _ in sel.select(timeout=0.25):
+            if key.data == "stdin":
+                if not sys.stdin.readline():
+                    for w in watches.values():
+                        w.cleanup()
                     return
-                channel = json.loads(line)
-                if "close" in channel:                # the attempt is over: stop listening there
-                    for k in list(sel.get_map().values()):
-                        if k.data is not None and k.data["socket"] == channel["close"]:
-                            sel.unregister(k.fileobj)
-                            k.fileobj.close()
-                    continue
-                if os.path.exists(channel["socket"]):
-                    os.unlink(channel["socket"])
-                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                listener.bind(channel["socket"])
-                os.chmod(channel["socket"], 0o666)    # a kernel under another uid may connect
-                listener.listen(4)
-                sel.register(listener, selectors.EVENT_READ, channel)
-                print(json.dumps({"opened": channel["socket"]}), file=sys.__stdout__, flush=True)
+            elif key.data == "control":
+                conn, _ = control.accept()
+                with conn:
+                    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                    pid = int.from_bytes(creds[:4], "little")
+                    rfile, wfile = conn.makefile("rb"), conn.makefile("wb")
+                    req, _ = _wire.recv(rfile)
+                    if not _unconfined(pid):
+                        _wire.send(wfile, {"error": "only a kernel launcher may open a channel"})
+                        continue
+                    record = _record_path(root, req["open"])
+                    if record is not None:
+                        with open(record, "w") as f:               # a new attempt starts a new record
+                            f.write(json.dumps({"sandbox": {"landlock_abi": req.get("landlock_abi"),
+                                                            "cgroup": bool(req.get("cgroup"))}}) + "\n")
+                    channel = {"socket": os.path.join(chan_dir, secrets.token_hex(16) + ".sock"),
+                               "token": secrets.token_hex(32), "record": record}
+                    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    listener.bind(channel["socket"])
+                    os.chmod(channel["socket"], 0o666)
+                    listener.listen(4)
+                    sel.register(listener, selectors.EVENT_READ, channel)
+                    watches[pid] = Watch(pid, [req["open"], req["tmp"]], req.get("cgroup"))
+                    watches[pid].listener = listener
+                    _wire.send(wfile, {"socket": channel["socket"], "token": channel["token"]})
             else:
                 conn, _ = key.fileobj.accept()
                 if os.fork() == 0:
@@ -161,6 +269,14 @@ def serve():
                     finally:
                         os._exit(0)
                 conn.close()
+        for pid, w in list(watches.items()):
+            if not w.alive():
+                w.cleanup()
+                sel.unregister(w.listener)
+                w.listener.close()
+                del watches[pid]
+            elif w.over():
+                w.kill()
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
@@ -173,8 +289,9 @@ def main():
     torch.set_num_threads(1)
     load_chapters()
     if "--serve" in sys.argv[1:]:
+        args = sys.argv[sys.argv.index("--serve") + 1:]
         sys.stdout = sys.stderr
-        serve()
+        serve(args[0], args[args.index("--root") + 1])
         return
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr          # a stray print must not corrupt the pipe

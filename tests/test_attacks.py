@@ -1,0 +1,311 @@
+"""A determined student's attacks on grading, graded through the real pipeline (issue: grading that
+cannot be forged).  Every attacker's exercise code is wrong or missing where it attacks, so any
+point it gets there is unearned; an honest classmate is graded beside them and must keep full marks;
+nothing outside each submission's folder may change.
+
+One chapter 02 class holds every attack; the chapter's last exercise (equivariance_gap, 1 point) is
+where most of them strike.
+"""
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import fakeclass
+import nbtools
+from nbgrader.api import Gradebook
+
+pytestmark = pytest.mark.slow
+CH = "ch02"
+TARGET = "equivariance_gap"            # the attacked exercise: wrong (returns 0.0) unless stated
+WRONG = "def equivariance_gap(layer, x, perm):\n    return 0.0\n"
+ALL = {"test_sdpa_unmasked": 2, "test_sdpa_masked": 2, "test_causal_mask": 1, "test_self_attention": 2,
+       "test_cross_attention": 2, "test_equivariance_gap": 1}
+
+NOOP_GRADE = "lambda *a, **k: print('hidden test ch02.equivariance_gap: all 10 randomized cases passed')"
+ATTACKS = {
+    # -- replacing or wrapping the client and the checks ---------------------------------------
+    "forge-modules": f"""
+import sys
+sys.modules['attncourse.autograde'].grade = {NOOP_GRADE}
+sys.modules['attncourse.checks.ch02'].check_equivariance_gap = lambda f: None
+""" + WRONG,
+    "forge-gc": f"""
+import gc, types
+for o in gc.get_objects():
+    if isinstance(o, dict) and o.get('__name__') in ('attncourse.autograde', 'attncourse.checks.ch02'):
+        o['grade'] = {NOOP_GRADE}
+        o['check_equivariance_gap'] = lambda f: None
+""" + WRONG,
+    "forge-code-object": """
+from attncourse import autograde
+import attncourse.checks.ch02 as c
+autograde.grade.__code__ = (lambda *a, **k: None).__code__
+c.check_equivariance_gap.__code__ = (lambda f: None).__code__
+""" + WRONG,
+    "forge-frames": """
+import sys, types
+from attncourse import autograde
+# Through frame and function globals: the notebook's own namespace and the client's module dict.
+sys._getframe(0).f_globals['checks'] = types.SimpleNamespace(check_equivariance_gap=lambda f: None)
+autograde.grade.__globals__['run_hidden_test'] = lambda *a, **k: {'n_cases': 1, 'failures': []}
+""" + WRONG,
+    "forge-ctypes": """
+import ctypes, attncourse.checks.ch02 as c
+from attncourse import autograde
+_set = ctypes.pythonapi.PyDict_SetItem
+_set.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object]
+_set(vars(autograde), 'grade', lambda *a, **k: None)
+_set(vars(c), 'check_equivariance_gap', lambda f: None)
+""" + WRONG,
+    "forge-thread": """
+import threading, time, attncourse.checks.ch02 as c
+from attncourse import autograde
+def _keep_patching():
+    for _ in range(100000):
+        autograde.grade = lambda *a, **k: None
+        c.check_equivariance_gap = lambda f: None
+        time.sleep(0.001)
+threading.Thread(target=_keep_patching, daemon=True).start()
+time.sleep(0.05)
+""" + WRONG,
+    "forge-atexit": """
+import atexit, glob, json, os
+def _rewrite():
+    for path in glob.glob('*.ipynb') + glob.glob('../../../verdicts/ch02/*.jsonl'):
+        try:
+            with open(path, 'a') as f:
+                f.write(json.dumps({'test': 'ch02.equivariance_gap', 'passed': True}))
+        except OSError:
+            pass
+atexit.register(_rewrite)
+import attncourse.checks.ch02 as c
+from attncourse import autograde
+autograde.grade = lambda *a, **k: None
+c.check_equivariance_gap = lambda f: None
+""" + WRONG,
+    "forge-reimport": """
+import importlib, os, sys
+os.makedirs('fake/attncourse/checks', exist_ok=True)
+open('fake/attncourse/__init__.py', 'w').write('GRADING = True\\n')
+open('fake/attncourse/autograde.py', 'w').write('def grade(*a, **k):\\n    print("passed")\\n')
+open('fake/attncourse/checks/__init__.py', 'w').write('')
+open('fake/attncourse/checks/ch02.py', 'w').write('def __getattr__(name):\\n    return lambda *a, **k: None\\n')
+sys.path.insert(0, os.path.abspath('fake'))
+for m in [m for m in sys.modules if m.startswith('attncourse')]:
+    del sys.modules[m]
+importlib.import_module('attncourse.autograde')
+""" + WRONG,
+    "forge-channel": """
+import os, socket
+from attncourse import _wire
+# Talk to the grading server directly and claim a pass: the server judges outputs, not claims.
+s = socket.socket(socket.AF_UNIX); s.connect(os.environ['ATTNCOURSE_GRADING_SOCKET'])
+r, w = s.makefile('rb'), s.makefile('wb')
+_wire.send(w, {'token': os.environ['ATTNCOURSE_GRADING_TOKEN']}); _wire.recv(r)
+_wire.send(w, {'test': 'ch02.equivariance_gap'}); meta, _ = _wire.recv(r)
+_wire.send(w, {'results': [{'n': 0}] * len(meta['cases']), 'passed': True}); _wire.recv(r)
+import attncourse.checks.ch02 as c
+from attncourse import autograde
+autograde.grade = lambda *a, **k: None
+c.check_equivariance_gap = lambda f: None
+""" + WRONG,
+    # -- reading the reference -----------------------------------------------------------------
+    "read-reference": """
+import importlib.util, os
+spec = importlib.util.find_spec('attncourse_ref')
+try:
+    path = os.path.join(os.path.dirname(spec.origin), 'attention.py')
+    ns = {}
+    exec(open(path).read(), ns)
+    equivariance_gap = ns['equivariance_gap']
+except Exception:
+""" + "    " + WRONG.replace("\n    ", "\n        "),
+    "subprocess-reference": """
+import subprocess, sys, json, torch
+def equivariance_gap(layer, x, perm):
+    out = subprocess.run([sys.executable, '-c', 'import os; os.environ.pop("ATTNCOURSE_GRADING_KERNEL", None); '
+                          'import attncourse_ref.attention; print(0.5)'], capture_output=True, text=True)
+    return float(out.stdout or 0.0)
+""",
+    # -- writing outside its folder ------------------------------------------------------------
+    "vandal": """
+import glob, os
+ROOT = os.path.abspath('../../..')
+for pattern in ['gradebook.db', 'chapters/ch02/*.ipynb', 'submitted/*/ch02/*.ipynb', 'autograded/honest/ch02/*',
+                'verdicts/ch02/*.jsonl', 'release/ch02/*.ipynb']:
+    for path in glob.glob(os.path.join(ROOT, pattern)) or [os.path.join(ROOT, pattern.replace('*', 'honest'))]:
+        try:
+            with open(path, 'w') as f:
+                f.write('vandalised')
+        except OSError:
+            pass
+""" + "REFERENCE_BODY",
+    # -- the network ---------------------------------------------------------------------------
+    "network": """
+import socket
+for family, kind in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM)]:
+    try:
+        s = socket.socket(family, kind)
+        s.settimeout(2)
+        s.connect(('127.0.0.1', LISTENER_PORT))
+        s.send(b'exfiltrated')
+    except OSError:
+        pass
+""" + "REFERENCE_BODY",
+    # -- resources -----------------------------------------------------------------------------
+    "memory-bomb": """
+import torch
+def equivariance_gap(layer, x, perm):
+    hog = [torch.ones(2**28) for _ in range(40)]    # 40 GiB in 1 GiB steps: stopped at the memory limit
+    return 0.0
+""",
+    "fork-loop": """
+import os, time
+for _ in range(3000):                                 # bounded, but far past the process limit
+    try:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+    except OSError:
+        time.sleep(0.01)
+""" + WRONG,
+    "disk-filler": """
+import os
+block = b'x' * (16 << 20)
+for i in range(200):                                  # up to 3.2 GiB: stopped at the disk quota
+    with open(f'filler{i}.bin', 'wb') as f:
+        f.write(block)
+""" + WRONG,
+}
+
+
+def _reference_body():
+    instructor = nbtools.read(nbtools.chapter_notebook(CH))
+    return nbtools.fill_regions(fakeclass.cell_source(instructor, TARGET),
+                                lambda region: nbtools.function_body(nbtools.reference_object(region)))
+
+
+EXPECTED = {name: {**ALL, "test_equivariance_gap": 0} for name in ATTACKS}
+EXPECTED["vandal"] = EXPECTED["network"] = dict(ALL)      # their exercise code is correct
+EXPECTED["honest"] = dict(ALL)
+# Calling PyTorch's kernel in a from-scratch exercise: both of its test cells score 0.
+FORBIDDEN_SDPA = """import math, torch
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float('-inf'))
+    weights = torch.softmax(scores, dim=-1)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out, weights
+"""
+EXPECTED["forbidden-builtin"] = {**ALL, "test_sdpa_unmasked": 0, "test_sdpa_masked": 0}
+
+
+def _digest(paths):
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(str(p).encode())
+        h.update(p.read_bytes() if p.is_file() else b"<dir>")
+    return h.hexdigest()
+
+
+class Listener:
+    """A TCP and a UDP socket on the loopback address that record whether anything reached them."""
+
+    def __init__(self):
+        self.tcp = socket.socket()
+        self.tcp.bind(("127.0.0.1", 0))
+        self.tcp.listen(4)
+        self.tcp.settimeout(0.5)
+        self.port = self.tcp.getsockname()[1]
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", self.port))
+        self.udp.settimeout(0.5)
+        self.heard, self.stop = [], False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop:
+            for sock in (self.tcp, self.udp):
+                try:
+                    if sock is self.tcp:
+                        conn, _ = sock.accept()
+                        self.heard.append(("tcp", conn.recv(100)))
+                    else:
+                        self.heard.append(("udp", sock.recv(100)))
+                except OSError:
+                    pass
+
+    def close(self):
+        self.stop = True
+        self.thread.join(timeout=5)
+        self.tcp.close()
+        self.udp.close()
+
+
+def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
+    root = tmp_path
+    fakeclass.build(CH, root)
+    name = nbtools.chapter_notebook(CH).name
+    for d in (root / "submitted").iterdir():
+        if d.name != "correct":
+            subprocess.run(["rm", "-rf", str(d)], check=True)
+    (root / "submitted" / "correct").rename(root / "submitted" / "honest")
+    instructor = nbtools.read(nbtools.chapter_notebook(CH))
+    release = nbtools.read(root / "release" / CH / name)
+    listener = Listener()
+    body = _reference_body()
+    overrides = {n: src.replace("REFERENCE_BODY", body).replace("LISTENER_PORT", str(listener.port))
+                 for n, src in ATTACKS.items()}
+    overrides = {n: {TARGET: src} for n, src in overrides.items()}
+    overrides["forbidden-builtin"] = {"sdpa": FORBIDDEN_SDPA}
+    for student, override in overrides.items():
+        nbtools.write(nbtools.solve(instructor, release, override), root / "submitted" / student / CH / name)
+    # One more: deletes its own test cell and re-labels another as an ordinary cell.
+    nb = nbtools.solve(instructor, release, {TARGET: WRONG})
+    nb.cells = [c for c in nb.cells if nbtools.grade_info(c).get("grade_id") != "test_equivariance_gap"]
+    for c in nb.cells:
+        if nbtools.grade_info(c).get("grade_id") == "test_causal_mask":
+            c.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": False, "grade_id": "mine"}
+    nbtools.write(nb, root / "submitted" / "edit-test-cells" / CH / name)
+    EXPECTED["edit-test-cells"] = {**ALL, "test_equivariance_gap": 0}
+
+    # Everything outside the attackers' own folders, fingerprinted before grading.
+    honest_sub = root / "submitted" / "honest" / CH / name
+    protected = [honest_sub, root / "chapters" / CH / name, root / "release" / CH / name]
+    before = _digest(protected)
+    env = dict(os.environ, ATTNCOURSE_CELL_TIMEOUT="30", ATTNCOURSE_KERNEL_DISK_MB="256",
+               ATTNCOURSE_KERNEL_MEMORY_MB="4096", ATTNCOURSE_KERNEL_PROCS="128")
+    try:
+        res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "grade_class.py"), CH, "--root", str(root)],
+                             capture_output=True, text=True, env=env, timeout=1800)
+    finally:
+        listener.close()
+    report = res.stdout + res.stderr
+    assert res.returncode == 0, report
+    assert _digest(protected) == before, "a submission changed a file outside its own folder\n" + report
+    assert not listener.heard, f"a submission reached the network: {listener.heard}"
+    assert "confined (Landlock" in report, report
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        got = {s: {g.name: g.score for nb in gb.find_submission(CH, s).notebooks for g in nb.grades}
+               for s in EXPECTED}
+    wrong = {s: (got[s], EXPECTED[s]) for s in EXPECTED if got[s] != {k: float(v) for k, v in EXPECTED[s].items()}}
+    assert not wrong, f"grades differ (got, expected):\n{json.dumps(wrong, indent=1)}\n\n{report}"
+
+    lines = {line.split()[0]: line for line in report.splitlines() if line.strip()}
+    for forger in ("forge-modules", "forge-gc", "forge-thread", "forge-ctypes"):
+        assert "no verdict recorded" in lines[forger] or "failed verdict" in lines[forger], lines[forger]
+    assert "which ch02.sdpa_unmasked forbids" in lines["forbidden-builtin"], lines["forbidden-builtin"]
+    for killer in ("fork-loop", "disk-filler"):
+        assert f"graded after disabling {TARGET}" in lines[killer], lines[killer]
+    # No kernel or forked child outlives the class run.
+    leftovers = subprocess.run(["pgrep", "-f", "attncourse.sandbox|ipykernel_launcher"], capture_output=True, text=True)
+    assert str(root) not in leftovers.stdout

@@ -1,0 +1,185 @@
+"""The grader's side of confined grading: the class's grading server, the confined kernelspec,
+nbgrader runs that use them, and the reconciliation of nbgrader's scores with the server's record.
+
+See attncourse/sandbox.py (the kernel's confinement) and attncourse_ref/grading/__main__.py (the
+server) for the other two sides.
+"""
+import ast
+import atexit
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import nbtools
+
+KERNEL = "attncourse-sandbox"
+_server = None
+
+
+def ensure_kernelspec():
+    """Install the confined kernelspec into this environment (idempotent)."""
+    spec = {"argv": [sys.executable, "-m", "attncourse.sandbox", "-f", "{connection_file}"],
+            "display_name": "Python 3 (attncourse grading sandbox)", "language": "python",
+            "metadata": {"debugger": False}}
+    path = Path(sys.prefix) / "share" / "jupyter" / "kernels" / KERNEL / "kernel.json"
+    if not path.exists() or json.loads(path.read_text()) != spec:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(spec, indent=1))
+
+
+def _mpl_cache():
+    """Build matplotlib's font cache once, for every kernel to copy (saves each a rebuild)."""
+    cache = Path(tempfile.gettempdir()) / "attncourse-mpl-cache"
+    if not list(cache.glob("fontlist*")):
+        cache.mkdir(exist_ok=True)
+        subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], env=dict(os.environ, MPLCONFIGDIR=str(cache)),
+                       capture_output=True)
+    return str(cache)
+
+
+def start_server(root):
+    """Start the class's grading server (once per process) and point kernel launchers at it."""
+    global _server
+    if _server is not None and _server.poll() is None:
+        return _server
+    ensure_kernelspec()
+    private = tempfile.mkdtemp(prefix="attncourse-grader-")
+    os.chmod(private, 0o711)             # kernels may reach a socket whose name they were given, not list
+    control = os.path.join(private, "control.sock")
+    env = {k: v for k, v in os.environ.items() if k != "ATTNCOURSE_GRADING_KERNEL"}
+    env["OMP_NUM_THREADS"] = "1"
+    _server = subprocess.Popen([sys.executable, "-I", "-m", "attncourse_ref.grading", "--serve", control,
+                                "--root", str(root)], stdin=subprocess.PIPE, env=env)
+    for _ in range(600):
+        if os.path.exists(control) or _server.poll() is not None:
+            break
+        subprocess.run(["sleep", "0.05"])
+    if not os.path.exists(control):
+        raise SystemExit("the grading server did not start (is the reference package attncourse_ref installed?)")
+    os.environ["ATTNCOURSE_GRADER_CONTROL"] = control
+    os.environ["ATTNCOURSE_MPL_CACHE"] = _mpl_cache()
+    atexit.register(stop_server)
+    return _server
+
+
+def stop_server():
+    global _server
+    if _server is not None:
+        _server.stdin.close()
+        try:
+            _server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _server.kill()
+        _server = None
+
+
+def autograde(chapter, root, student=None):
+    """One nbgrader autograde run (the class, or one student) in confined kernels."""
+    start_server(root)
+    who = ["--student", student] if student else []
+    return nbtools.nbgrader("autograde", chapter, *who, "--create", "--force",
+                            f"--Execute.kernel_name={KERNEL}", root=root)
+
+
+# ---- reconciliation ----------------------------------------------------------------------------
+
+def hidden_ids(source_nb):
+    """{test cell grade_id: hidden test id} from the instructor notebook's hidden regions."""
+    ids = {}
+    for cell in source_nb.cells:
+        if nbtools.is_test(cell):
+            m = re.search(r'grade\("([\w.]+)"', cell.source.partition("### BEGIN HIDDEN TESTS")[2])
+            if m:
+                ids[nbtools.grade_info(cell)["grade_id"]] = m.group(1)
+    return ids
+
+
+def read_record(root, chapter, student):
+    """(sandbox facts or None, {hidden test id: passed}, {hidden test id: forbidden built-ins}) from the
+    server's record; the last verdict of a test wins."""
+    path = Path(root) / "verdicts" / chapter / f"{student}.jsonl"
+    facts, verdicts, forbid = None, {}, {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            if "sandbox" in entry:
+                facts = entry["sandbox"]
+            else:
+                verdicts[entry["test"]] = bool(entry["passed"])
+                forbid[entry["test"]] = entry.get("forbid", [])
+    return facts, verdicts, forbid
+
+
+def forbidden_uses(submission, release_nb, paths):
+    """Forbidden built-ins that the submission's solution cells, or cells it added or changed, name:
+    as an attribute (F.layer_norm), an imported name, or a string of that name (getattr(F, "...")).
+    Spellings built at run time escape this scan; the grading client's run-time guard and the
+    audit (dynamic code) cover those."""
+    if not paths:
+        return []
+    given = {c.source for c in release_nb.cells if c.cell_type == "code" and not nbtools.is_solution(c)}
+    finals = {p.rsplit(".", 1)[-1] for p in paths}
+    found = []
+    for cell in submission.cells:
+        if cell.cell_type != "code" or nbtools.is_test(cell) or (cell.source in given and not nbtools.is_solution(cell)):
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            tree = None
+        names = set()
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.Attribute):
+                names.add(node.attr)
+            elif isinstance(node, ast.alias):
+                names.add(node.name.rsplit(".", 1)[-1])
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in finals:
+                names.add(node.value)                 # getattr(F, "layer_norm")
+        if tree is None:
+            names = set(re.findall(r"\w+", cell.source))
+        found += sorted(finals & names)
+    return found
+
+
+def reconcile(chapter, root, student, source_nb, release_nb):
+    """Make the gradebook agree with the server's record; return [(cell, why)] for every change."""
+    from nbgrader.api import Gradebook, MissingEntry
+    name = nbtools.chapter_notebook(chapter).stem
+    facts, verdicts, forbid = read_record(root, chapter, student)
+    sub_path = Path(root) / "submitted" / student / chapter / f"{name}.ipynb"
+    submission = nbtools.read(sub_path)
+    changes = []
+    with Gradebook(nbtools.gradebook_url(root)) as gb:
+        for cell, test_id in hidden_ids(source_nb).items():
+            try:
+                grade = gb.find_grade(cell, name, chapter, student)
+            except MissingEntry:
+                continue
+            uses = forbidden_uses(submission, release_nb, forbid.get(test_id, ()))
+            why = None
+            if uses:
+                why = f"the submission calls {', '.join(sorted(set(uses)))}, which {test_id} forbids"
+            elif not verdicts.get(test_id, False):
+                why = ("no verdict recorded by the grading server" if test_id not in verdicts
+                       else "the grading server recorded a failed verdict")
+            if why and (grade.auto_score or 0) > 0:
+                changes.append((cell, f"{why}: nbgrader's {grade.auto_score:g} point(s) set to 0"))
+                grade.auto_score = 0
+            elif why and uses:
+                changes.append((cell, why))
+        gb.db.commit()
+    return facts, changes
+
+
+def describe(facts):
+    """One line on what confinement held for a submission's kernel."""
+    if facts is None:
+        return "no confined kernel ran"
+    if not facts.get("landlock_abi"):
+        return "UNCONFINED: this platform has no Landlock; the kernel could read and write as the grader"
+    procs = "pids cgroup" if facts.get("cgroup") else "RLIMIT_NPROC or none"
+    return f"confined (Landlock ABI {facts['landlock_abi']}, processes: {procs})"
