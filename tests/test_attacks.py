@@ -20,7 +20,11 @@ import fakeclass
 import nbtools
 from nbgrader.api import Gradebook
 
-pytestmark = pytest.mark.slow
+from attncourse.sandbox import landlock_abi
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not landlock_abi(), reason="no Landlock on this machine: grading kernels are "
+                                 "not confined here (the grader's report says so)")]
 CH = "ch02"
 TARGET = "equivariance_gap"            # the attacked exercise: wrong (returns 0.0) unless stated
 WRONG = "def equivariance_gap(layer, x, perm):\n    return 0.0\n"
@@ -275,7 +279,7 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
         if nbtools.grade_info(c).get("grade_id") == "test_causal_mask":
             c.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": False, "grade_id": "mine"}
     nbtools.write(nb, root / "submitted" / "edit-test-cells" / CH / name)
-    EXPECTED["edit-test-cells"] = {**ALL, "test_equivariance_gap": 0}
+    EXPECTED["edit-test-cells"] = {**ALL, "test_equivariance_gap": 0}     # its test cells are put back
 
     # Everything outside the attackers' own folders, fingerprinted before grading.
     honest_sub = root / "submitted" / "honest" / CH / name
@@ -294,9 +298,14 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     assert not listener.heard, f"a submission reached the network: {listener.heard}"
     assert "confined (Landlock" in report, report
 
+    from nbgrader.api import MissingEntry
+    got = {}
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
-        got = {s: {g.name: g.score for nb in gb.find_submission(CH, s).notebooks for g in nb.grades}
-               for s in EXPECTED}
+        for s in EXPECTED:
+            try:
+                got[s] = {g.name: g.score for nb in gb.find_submission(CH, s).notebooks for g in nb.grades}
+            except MissingEntry:
+                got[s] = "not graded"
     wrong = {s: (got[s], EXPECTED[s]) for s in EXPECTED if got[s] != {k: float(v) for k, v in EXPECTED[s].items()}}
     assert not wrong, f"grades differ (got, expected):\n{json.dumps(wrong, indent=1)}\n\n{report}"
 

@@ -75,7 +75,10 @@ def check_ch02_extras(root, report):
     fb = (root / "feedback" / "zoo-01" / "ch02" / "attention.html").read_text()
     assert "query axis" in fb                       # the visible check's diagnosis reaches the student
     fb = (root / "feedback" / "cheat-sneaky" / "ch02" / "attention.html").read_text()
-    assert "called the course&#39;s reference code" in fb or "called the course's reference code" in fb
+    from attncourse.sandbox import landlock_abi
+    if landlock_abi():
+        assert "Permission denied" in fb          # the confined kernel cannot even read the reference
+        assert "grading kernels: confined (Landlock" in report
     subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "export_grades.py"), "--root", str(root)], check=True,
                    capture_output=True)
     rows = {r["student_id"]: r for r in csv.DictReader(open(root / "grades.csv"))}

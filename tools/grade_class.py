@@ -145,6 +145,45 @@ def precheck(chapter, student, root):
     return None
 
 
+def restore_test_cells(chapter, student, root, source):
+    """Put back what an honest grader grades with: every test cell of the source notebook.
+
+    A submission that deleted a test cell, re-labelled one, or left a cell with nbgrader metadata
+    that nbgrader cannot read (which would stop nbgrader for the whole class) is repaired in place:
+    malformed metadata is dropped, and each missing test cell is re-inserted after the solution
+    cell it follows in the source.  The original is kept under salvaged/.  Returns what changed.
+    """
+    from nbgrader.nbgraderformat import MetadataValidator
+    path = Path(root) / "submitted" / student / chapter / nbtools.chapter_notebook(chapter).name
+    nb = nbtools.read(path)
+    validator, notes = MetadataValidator(), []
+    for i, cell in enumerate(nb.cells):
+        if "nbgrader" in cell.metadata:
+            try:
+                validator.validate_cell(cell)
+            except Exception:              # any shape nbgrader cannot read
+                notes.append(f"dropped unreadable nbgrader metadata of cell {i}")
+                del cell.metadata["nbgrader"]
+    tests = {nbtools.grade_info(c)["grade_id"] for c in nb.cells if nbtools.is_test(c)}
+    previous = None
+    for cell in source.cells:
+        gid = nbtools.grade_info(cell).get("grade_id")
+        if nbtools.is_test(cell) and gid not in tests:
+            at = next((j + 1 for j, c in enumerate(nb.cells) if previous and nbtools.grade_info(c).get("grade_id") == previous),
+                      len(nb.cells))
+            nb.cells.insert(at, cell)
+            notes.append(f"restored the deleted or re-labelled test cell {gid}")
+        if gid:
+            previous = gid
+    if notes:
+        backup = Path(root) / "salvaged" / student / chapter
+        if not (backup / path.name).exists():
+            backup.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, backup / path.name)
+        nbtools.write(nb, path)
+    return notes
+
+
 def graded(chapter, student, root):
     return (Path(root) / "autograded" / student / chapter / nbtools.chapter_notebook(chapter).name).exists()
 
@@ -196,6 +235,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     status = {s: precheck(args.chapter, s, root) for s in students}
     ok = [s for s in students if status[s] is None]
+    repaired = {s: restore_test_cells(args.chapter, s, root, source) for s in ok}
     if args.student:
         for s in ok:
             confinement.autograde(args.chapter, root, s)
@@ -207,11 +247,17 @@ def main(argv=None):
     for s in ok:
         status[s] = "graded" if graded(args.chapter, s, root) else None
     for s in ok:
+        if status[s] is None and not args.student:
+            # nbgrader may have stopped the class run at someone else's notebook: alone, this one may pass.
+            confinement.autograde(args.chapter, root, s)
+            status[s] = "graded" if graded(args.chapter, s, root) else None
         if status[s] is None:
             try:
                 status[s] = regrade_after_crash(args.chapter, s, root, source, timeout)
             except Exception as exc:  # never let one student stop the class
                 status[s] = f"not graded: {type(exc).__name__}: {exc}"
+        if repaired[s] and status[s].startswith("graded"):
+            status[s] += "; " + "; ".join(repaired[s])
     # The server's record decides: scores nbgrader gave without a passing verdict become 0.
     release = nbtools.read(root / "release" / args.chapter / nbtools.chapter_notebook(args.chapter).name)
     confinement_seen = set()

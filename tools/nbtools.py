@@ -16,6 +16,9 @@ CHAPTERS = ROOT / "chapters"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _REF_IMPORT = re.compile(r"from (attncourse_ref\.[\w.]+) import (\w+) as reference")
 _REF_METHOD = re.compile(r"reference\.(\w+)\(")
+# ipykernel warns on every start that it runs over TCP without encryption (loopback ports only):
+# the tools' users do not need that line once per chapter.
+QUIET_KERNEL = ["--IPKernelApp.log_level=ERROR"]
 
 
 def chapter_notebook(chapter):
@@ -146,7 +149,7 @@ def execute(nb, cwd, timeout=600):
     """Execute ``nb`` in place in a fresh python3 kernel started in ``cwd``; errors stay in the outputs."""
     from nbclient import NotebookClient
     NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(cwd)}}).execute()
+                   extra_arguments=QUIET_KERNEL, resources={"metadata": {"path": str(cwd)}}).execute()
     return nb
 
 
