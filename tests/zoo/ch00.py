@@ -123,3 +123,11 @@ def analogy_wrong_sign(table, a, b, c, k=1):
     sims = cosine_similarity(query, table)
     sims[[a, b, c]] = float("-inf")
     return sims.topk(k).indices
+
+
+# ---- from scratch means from scratch ------------------------------------------------------
+@_add("calls torch.softmax (the exercise re-implements it)", "softmax", SOFTMAX, "check_softmax", "may not call torch.softmax")
+def softmax_builtin(x, dim=-1, temperature=1.0):
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return torch.softmax(x / temperature, dim=dim)

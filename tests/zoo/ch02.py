@@ -173,3 +173,13 @@ def gap_no_output_perm(layer, x, perm):
 def gap_compares_with_itself(layer, x, perm):
     return (layer(x)[..., perm, :] - layer(x)[..., perm, :]).abs().max().item()
 
+
+
+@_add("calls PyTorch's fused kernel (the exercise re-implements it)", "sdpa", {"test_sdpa_unmasked", "test_sdpa_masked"},
+      "check_attention", "may not call torch.nn.functional.scaled_dot_product_attention")
+def sdpa_builtin(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out, torch.softmax(scores, dim=-1)

@@ -4,6 +4,8 @@ import torch
 from torch import nn
 
 from .. import multihead as ref
+from attncourse.checks.ch03 import MHA_BUILTINS, TILED_BUILTINS
+
 from . import function_case, hidden_test, module_case
 
 
@@ -66,7 +68,7 @@ def _mha_setup(rng, i):
     return h, d, dtype, b, nq, nk
 
 
-@hidden_test("ch03.mha")
+@hidden_test("ch03.mha", forbid=MHA_BUILTINS)
 def mha(rng):
     cases = []
     for i in range(6):
@@ -82,7 +84,7 @@ def mha(rng):
     return cases
 
 
-@hidden_test("ch03.mha_masks")
+@hidden_test("ch03.mha_masks", forbid=MHA_BUILTINS)
 def mha_masks(rng):
     cases = []
     for i in range(8):
@@ -155,7 +157,7 @@ def _tiled_cases(rng, causal):
 FULL_MATRIX_N, PEAK_LIMIT = 4096, 16 << 20
 
 
-@hidden_test("ch03.tiled_attention")
+@hidden_test("ch03.tiled_attention", forbid=TILED_BUILTINS)
 def tiled_attention(rng):
     cases = _tiled_cases(rng, causal=False)
     q, k, v = (_tensor(rng, (FULL_MATRIX_N, 32), torch.float32) for _ in range(3))
@@ -166,7 +168,7 @@ def tiled_attention(rng):
     return cases + [case]
 
 
-@hidden_test("ch03.tiled_attention_causal")
+@hidden_test("ch03.tiled_attention_causal", forbid=TILED_BUILTINS)
 def tiled_attention_causal(rng):
     return _tiled_cases(rng, causal=True)
 
