@@ -16,6 +16,8 @@ help:
 	@echo "make test-fast   the suite without the nbgrader round trip and the site build"
 	@echo "make release   CH=ch02   student version -> release/CH/"
 	@echo "make autograde CH=ch02   grade every submitted/<student>/CH/ (one broken submission never stops the rest)"
+	@echo "               JOBS=4    ... four submissions at once;  SHARD=2/3  ... this machine's third of the class"
+	@echo "               REGRADE=1 ... also students an earlier (or interrupted) run already finished"
 	@echo "make feedback  CH=ch02   feedback HTML -> feedback/<student>/CH/"
 	@echo "make grades              all grades -> grades.csv"
 	@echo "make collect-zip CH=ch02 unpack an LMS download from downloaded/CH/archive/ into submitted/"
@@ -45,7 +47,7 @@ release: $(STAMP)
 	$(BIN)/nbgrader generate_assignment $(CH) --force
 
 autograde: $(STAMP)
-	$(BIN)/python tools/grade_class.py $(CH)
+	$(BIN)/python tools/grade_class.py $(CH) $(if $(JOBS),--jobs $(JOBS)) $(if $(SHARD),--shard $(SHARD)) $(if $(REGRADE),--regrade)
 
 feedback: $(STAMP)
 	$(BIN)/nbgrader generate_feedback $(CH) --force
@@ -60,4 +62,4 @@ benchmark: $(STAMP)
 	$(BIN)/python tools/benchmark.py
 
 clean:
-	rm -rf _build release autograded feedback gradebook.db grades.csv
+	rm -rf _build release autograded feedback verdicts salvaged gradebook.db grades.csv

@@ -1,5 +1,8 @@
 """Measure the budgets of COURSE_DESIGN.md: python tools/benchmark.py [chapter ...] [--students N]
 
+With --class-size N (e.g. 200) it instead grades a generated class of N submissions of the first
+chapter given (default ch02) serially and with --jobs at once, and prints both times.
+
 Per chapter it prints
   run      seconds to execute the instructor notebook with the reference (kernel start included,
            hidden tests removed): what `make site` and a learner's full run cost; budget 60 s
@@ -60,12 +63,49 @@ def measure(chapter, n_students):
     return run, submit, grade
 
 
+def large_class(chapter, size, jobs):
+    """Seconds to grade a generated class of ``size`` (correct, blank and mistake-zoo students in
+    turn) with tools/grade_class.py, serially and with ``jobs`` at once; and whether the grades agree."""
+    import fakeclass
+    from nbgrader.api import Gradebook
+    times, grades = {}, {}
+    for mode in (1, jobs):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            kinds = [s for s in fakeclass.build(chapter, root) if s.name == "correct" or s.name == "blank"
+                     or s.name.startswith("zoo-")]
+            names = {s.name for s in kinds}
+            for d in (root / "submitted").iterdir():
+                if d.name not in names:
+                    subprocess.run(["rm", "-rf", str(d)], check=True)
+            for i in range(size - len(kinds)):                       # copies up to the class size
+                src = root / "submitted" / kinds[i % len(kinds)].name
+                subprocess.run(["cp", "-r", str(src), str(root / "submitted" / f"s{i:04d}-{src.name}")], check=True)
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, str(Path(__file__).parent / "grade_class.py"), chapter, "--root", str(root),
+                            "--jobs", str(mode)], check=True, capture_output=True)
+            times[mode] = time.perf_counter() - t0
+            with Gradebook(nbtools.gradebook_url(root)) as gb:
+                grades[mode] = {s.student.id: s.score for s in gb.find_assignment(chapter).submissions}
+    return times[1], times[jobs], grades[1] == grades[jobs] and len(grades[1]) == size
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("chapters", nargs="*")
     ap.add_argument("--students", type=int, default=3)
+    ap.add_argument("--class-size", type=int, default=0,
+                    help="also grade a generated class of this size serially and in parallel (e.g. 200)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count())
     args = ap.parse_args(argv)
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    if args.class_size:
+        chapter = (args.chapters or ["ch02"])[0]
+        serial, parallel, same = large_class(chapter, args.class_size, args.jobs)
+        print(f"{chapter}: a class of {args.class_size} graded in {serial:.0f} s serially, {parallel:.0f} s with "
+              f"JOBS={args.jobs} (speed-up {serial / parallel:.2f}x on {os.cpu_count()} cores); "
+              f"grades {'identical' if same else 'DIFFER'}")
+        return
     chapters = args.chapters or nbtools.chapters()
     print(f"{'chapter':<8} {'run':>7} {'budget':>7} {'submit':>7} {'grade':>7} {'ratio':>6}  verdict")
     total = 0.0

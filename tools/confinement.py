@@ -86,7 +86,9 @@ def autograde(chapter, root, student=None):
     """One nbgrader autograde run (the class, or one student) in confined kernels."""
     start_server(root)
     who = ["--student", student] if student else []
-    return nbtools.nbgrader("autograde", chapter, *who, "--create", "--force",
+    # Several graders may share one SQLite gradebook (JOBS=N): wait for its lock instead of failing.
+    db = [] if os.environ.get("NBGRADER_DB_URL") else [f"--CourseDirectory.db_url={nbtools.gradebook_url(root)}?timeout=120"]
+    return nbtools.nbgrader("autograde", chapter, *who, "--create", "--force", *db,
                             f"--Execute.kernel_name={KERNEL}", root=root)
 
 

@@ -19,12 +19,14 @@ and grades the copy, so the student loses only the points of what broke.
 """
 import argparse
 import csv
+import hashlib
 import os
 import re
 import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -184,6 +186,22 @@ def restore_test_cells(chapter, student, root, source):
     return notes
 
 
+def shard_of(student, n):
+    """1..n, stable across machines and runs (a hash of the student id, not the order of a listing)."""
+    return int(hashlib.sha256(student.encode()).hexdigest(), 16) % n + 1
+
+
+def done_marker(chapter, student, root):
+    return Path(root) / "verdicts" / chapter / f"{student}.done"
+
+
+def is_finished(chapter, student, root):
+    """Graded and reconciled by an earlier run, and the submission has not changed since."""
+    marker = done_marker(chapter, student, root)
+    sub = Path(root) / "submitted" / student / chapter / nbtools.chapter_notebook(chapter).name
+    return marker.exists() and graded(chapter, student, root) and marker.stat().st_mtime >= sub.stat().st_mtime
+
+
 def graded(chapter, student, root):
     return (Path(root) / "autograded" / student / chapter / nbtools.chapter_notebook(chapter).name).exists()
 
@@ -221,6 +239,11 @@ def main(argv=None):
     ap.add_argument("chapter")
     ap.add_argument("--root", default=str(nbtools.ROOT), help="course directory (default: this repository)")
     ap.add_argument("--student", action="append", help="grade only these students")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS") or 1),
+                    help="grade this many submissions at once (default: $JOBS or 1)")
+    ap.add_argument("--shard", default=None, metavar="I/N",
+                    help="grade only the I-th of N disjoint shares of the class (machines sharing one PostgreSQL gradebook)")
+    ap.add_argument("--regrade", action="store_true", help="grade again students this course already finished")
     args = ap.parse_args(argv)
     root = Path(args.root).resolve()
     os.environ["ATTNCOURSE_GRADING_KERNEL"] = "1"           # the salvage runs behave like nbgrader's
@@ -229,25 +252,34 @@ def main(argv=None):
     source = nbtools.read(Path(root) / "chapters" / args.chapter / nbtools.chapter_notebook(args.chapter).name)
     ensure_assignment(args.chapter, root)
     students = args.student or sorted(p.parent.name for p in (root / "submitted").glob(f"*/{args.chapter}") if p.is_dir())
+    if args.shard:
+        i, n = (int(x) for x in args.shard.split("/"))
+        if not 1 <= i <= n:
+            raise SystemExit(f"--shard {args.shard}: expected I/N with 1 <= I <= N")
+        students = [s for s in students if shard_of(s, n) == i]
     if not students:
         print(f"no submissions found in {root / 'submitted'}/<student>/{args.chapter}/")
         return 0
     t0 = time.perf_counter()
     status = {s: precheck(args.chapter, s, root) for s in students}
+    finished = {s for s in students if status[s] is None and not args.regrade and is_finished(args.chapter, s, root)}
+    for s in finished:
+        status[s] = "graded earlier (kept; --regrade grades it again)"
     ok = [s for s in students if status[s] is None]
     repaired = {s: restore_test_cells(args.chapter, s, root, source) for s in ok}
-    if args.student:
-        for s in ok:
-            confinement.autograde(args.chapter, root, s)
-    elif ok:
+    whole_class = not (args.student or args.shard or finished)
+    if ok and args.jobs <= 1 and whole_class:
         # One nbgrader run for the class: its start-up cost is paid once.  nbgrader goes on
         # with the next student when one fails; what failed is picked up below.
         confinement.autograde(args.chapter, root)
+    elif ok:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            list(pool.map(lambda s: confinement.autograde(args.chapter, root, s), ok))
     batch = time.perf_counter() - t0
     for s in ok:
         status[s] = "graded" if graded(args.chapter, s, root) else None
     for s in ok:
-        if status[s] is None and not args.student:
+        if status[s] is None and whole_class and args.jobs <= 1:
             # nbgrader may have stopped the class run at someone else's notebook: alone, this one may pass.
             confinement.autograde(args.chapter, root, s)
             status[s] = "graded" if graded(args.chapter, s, root) else None
@@ -267,6 +299,8 @@ def main(argv=None):
             confinement_seen.add(confinement.describe(facts))
             for cell, why in changes:
                 status[s] += f"; {cell}: {why}"
+            # Only now is this student finished: a run stopped before here grades them again.
+            done_marker(args.chapter, s, root).write_text(status[s] + "\n")
     rows, flagged = [], []
     for student in students:
         score = notebook_score(root, args.chapter, student)
