@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 STAMP  := $(VENV)/.installed
 CH     ?= ch02
 
-.PHONY: help env site test test-fast release autograde feedback grades collect-zip benchmark clean
+.PHONY: help env site test test-fast release autograde feedback grades collect-zip validate benchmark clean
 
 help:
 	@echo "make site        build the website into _build/html (creates .venv if missing)"
@@ -21,6 +21,7 @@ help:
 	@echo "make feedback  CH=ch02   feedback HTML -> feedback/<student>/CH/"
 	@echo "make grades              all grades -> grades.csv"
 	@echo "make collect-zip CH=ch02 unpack an LMS download from downloaded/CH/archive/ into submitted/"
+	@echo "make validate NB=path    run your notebook as the grader will and list what passes (before submitting)"
 	@echo "make benchmark           notebook run time and autograde time per chapter"
 
 # The environment: pinned versions, the CPU build of torch (a local wheel on these machines).
@@ -57,6 +58,10 @@ grades: $(STAMP)
 
 collect-zip: $(STAMP)
 	$(BIN)/nbgrader zip_collect $(CH) --force
+
+validate: $(STAMP)
+	@test -n "$(NB)" || (echo "usage: make validate NB=path/to/notebook.ipynb"; exit 2)
+	$(BIN)/python tools/validate.py $(NB)
 
 benchmark: $(STAMP)
 	$(BIN)/python tools/benchmark.py

@@ -145,10 +145,11 @@ def nbgrader(*args, root):
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
 
 
-def execute(nb, cwd, timeout=600):
-    """Execute ``nb`` in place in a fresh python3 kernel started in ``cwd``; errors stay in the outputs."""
+def execute(nb, cwd, timeout=600, interrupt_on_timeout=False):
+    """Execute ``nb`` in place in a fresh python3 kernel started in ``cwd``; errors stay in the outputs
+    (with ``interrupt_on_timeout``, so does a cell that ran past ``timeout``, as under the grader)."""
     from nbclient import NotebookClient
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=interrupt_on_timeout,
                    extra_arguments=QUIET_KERNEL, resources={"metadata": {"path": str(cwd)}}).execute()
     return nb
 
