@@ -100,6 +100,15 @@ def _run_case(i, call, arrays, candidate):
         _load_state(module, {name: torch.from_numpy(arrays[f"{p}/{key}"].copy()) for name, key in call["state"].items()})
         module.eval()
         out = module(*args, **kwargs)
+    elif call["kind"] == "ranks":
+        # DDP code on several ranks of an in-process process group (threads; no sockets, no processes).
+        from .lab.ranks import run_ranks
+        out = run_ranks(candidate, [[_decode(a, arrays, p) for a in rank] for rank in call["ranks"]])
+    elif call["kind"] == "loader":
+        # A weight loader fills a bare module that has exactly the asked parameter names and shapes.
+        target = bare_module(call["shapes"], getattr(torch, call["dtype"]))
+        candidate(target, *args, **kwargs)
+        out = [(name, p.detach()) for name, p in sorted(target.named_parameters())]
     else:
         raise ValueError(f"unknown case kind {call['kind']!r}")
     result = _wire.flatten_result(out)
@@ -133,6 +142,31 @@ def _load_state(module, state):
         raise AssertionError(f"the module's parameters are {mine}, but the exercise asks for {wanted} "
                              "(names and shapes must match exactly so the reference weights can be loaded)")
     module.load_state_dict(state)
+
+
+def bare_module(shapes, dtype):
+    """A module with exactly these parameters ({dotted name: shape}, zeros) and no forward, for a
+    weight loader to fill: 'h.0.attn.c_attn.weight' becomes h[0].attn.c_attn.weight, children
+    named 0, 1, ... form an nn.ModuleList."""
+    tree = {}
+    for name, shape in shapes.items():
+        *path, leaf = name.split(".")
+        node = tree
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = shape
+
+    def build(node):
+        if all(k.isdigit() and isinstance(v, dict) for k, v in node.items()):
+            return torch.nn.ModuleList(build(node[str(i)]) for i in range(len(node)))
+        module = torch.nn.Module()
+        for k, v in node.items():
+            if isinstance(v, dict):
+                module.add_module(k, build(v))
+            else:
+                module.register_parameter(k, torch.nn.Parameter(torch.zeros(v, dtype=dtype)))
+        return module
+    return build(tree)
 
 
 class _ReferenceWatch:

@@ -128,6 +128,8 @@ def _describe_call(args, kwargs):
 
 def compare(case, got):
     """None if ``got`` (list of arrays from the client) matches the reference, else the reason."""
+    if getattr(case, "judge", None) is not None:      # judged_case: properties and statistics decide
+        return case.judge(got)
     exp = case.expected
     if len(got) != len(exp):
         return f"expected {len(exp)} returned value(s) (plus gradients), got {len(got)}"
@@ -183,3 +185,73 @@ def raises_case(args, kwargs=None, *, exception="ValueError", describe=""):
     text = describe or _describe_call(args, kwargs)
     return Case(call, arrays, [np.asarray(True)], f"{text} must raise {exception}")
 
+
+
+def module_grad_case(module, init, args, kwargs=None, *, rng, grad_args=(0,), grad_outputs=(0,), describe="", tol=None):
+    """As module_case, with autograd on: also d<outputs, cotangents>/d args (e.g. a from-scratch LayerNorm)."""
+    kwargs = kwargs or {}
+    module.eval()
+    case = module_case(module, init, args, kwargs, describe=describe, tol=tol)
+    case.call["kind"] = "module_grad"
+    args = [a.detach().clone().requires_grad_(i in grad_args) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for i, a in enumerate(args)]
+    out = module(*args, **kwargs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    cots = _cotangents(outs, rng, grad_outputs)
+    for j, c in enumerate(cots):
+        case.arrays[f"cot{j}"] = c.numpy()
+    case.call["grad"] = {"args": list(grad_args), "outputs": list(grad_outputs),
+                         "cotangents": [f"cot{j}" for j in range(len(cots))]}
+    grads = torch.autograd.grad(sum((outs[i] * c).sum() for i, c in zip(grad_outputs, cots)),
+                                [args[i] for i in grad_args], allow_unused=True)
+    case.expected += [np.zeros(args[i].shape, dtype=args[i].detach().numpy().dtype) if g is None else g.numpy()
+                      for i, g in zip(grad_args, grads)]
+    return case
+
+
+def ranks_case(fn, per_rank_args, *, describe="", tol=None):
+    """Call ``fn(*per_rank_args[r])`` on every rank r of a torch.distributed group of len(per_rank_args)
+    ranks (attncourse.lab.ranks: one thread per rank, PyTorch's in-process process group, no sockets);
+    the outputs of all ranks, in rank order.  For DDP code (e.g. an all-reduce) on both sides."""
+    from attncourse.lab.ranks import run_ranks
+    arrays = {}
+    call = {"kind": "ranks", "args": [], "kwargs": {},
+            "ranks": [[_encode(a, arrays, f"r{r}.arg{i}") for i, a in enumerate(args)]
+                      for r, args in enumerate(per_rank_args)]}
+    expected = _flatten(run_ranks(fn, per_rank_args))
+    text = describe or f"on {len(per_rank_args)} ranks: " + ", ".join(
+        f"rank {r} {_describe_call(args, {})}" for r, args in enumerate(per_rank_args))
+    return Case(call, arrays, expected, text, tol or {})
+
+
+def judged_case(args, kwargs=None, *, judge, describe=""):
+    """A call ``fn(*args, **kwargs)`` decided by ``judge(outputs) -> None or the reason`` (outputs: the
+    flattened list of numpy arrays) instead of by the reference's outputs: for exercises whose random
+    draws are free, graded by properties and statistics with stated tolerances (chapter 06's sampler
+    and masking)."""
+    kwargs = kwargs or {}
+    arrays = {}
+    call = {"kind": "function",
+            "args": [_encode(a, arrays, f"arg{i}") for i, a in enumerate(args)],
+            "kwargs": {k: _encode(v, arrays, f"kw_{k}") for k, v in kwargs.items()}}
+    case = Case(call, arrays, [], describe or _describe_call(args, kwargs))
+    case.judge = judge
+    return case
+
+
+def loader_case(fn, module, args, kwargs=None, *, describe="", tol=None):
+    """A call ``fn(target, *args, **kwargs)`` that fills ``target`` in place, where ``target`` is a bare
+    module with exactly ``module``'s parameter names and shapes (zeros), built by the client (see
+    attncourse.autograde.bare_module).  Compared: target's parameter table and values afterwards.
+    ``fn`` is run here on ``module`` itself."""
+    kwargs = kwargs or {}
+    arrays = {}
+    dtype = next(module.parameters()).dtype
+    call = {"kind": "loader", "dtype": str(dtype).replace("torch.", ""),
+            "shapes": {name: list(p.shape) for name, p in module.named_parameters()},
+            "args": [_encode(a, arrays, f"arg{i}") for i, a in enumerate(args)],
+            "kwargs": {k: _encode(v, arrays, f"kw_{k}") for k, v in kwargs.items()}}
+    with torch.no_grad():
+        fn(module, *args, **kwargs)
+    expected = _flatten([(name, p) for name, p in sorted(module.named_parameters())])
+    return Case(call, arrays, expected, describe or "(model, " + _describe_call(args, kwargs)[1:], tol or {})

@@ -1,0 +1,392 @@
+"""Known-wrong implementations for chapter 08 (see tests/zoo/__init__.py).
+
+Not in the zoo: "f and P swapped" in the load-balancing loss. E * sum_i f_i P_i is symmetric in f
+and P, so swapping the names changes nothing; the real mistakes behind it (f from probabilities,
+P from the top-k gates) are here.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attncourse_ref.moe import capacity_mask, top_k_router
+
+from . import collector
+
+RMS = {"test_rms_norm", "test_rms_norm_grad"}
+MOE = {"test_moe", "test_moe_capacity"}
+# The MoE layer's experts are the learner's SwiGLU and it routes with the learner's top_k_router and
+# capacity_mask: their mistakes also fail the MoE cells (unless the layer's random cases hide them).
+SWIGLU = {"test_swiglu"} | MOE
+ROUTER = {"test_top_k_router"}
+CAPACITY = {"test_capacity_mask", "test_moe_capacity"}
+VARIANTS, _add = collector()
+
+
+# ---- RMSNorm.forward ---------------------------------------------------------------------------------------
+@_add("RMS over the wrong axis", "rms_norm", RMS, "check_rms_norm", "wrong axis")
+def rms_wrong_axis(self, x):
+    return x / torch.sqrt(x.pow(2).mean(dim=-2, keepdim=True) + self.eps) * self.weight
+
+
+@_add("mean subtracted (LayerNorm without a bias)", "rms_norm", RMS, "check_rms_norm", "subtracted the mean")
+def rms_mean_subtracted(self, x):
+    centred = x - x.mean(dim=-1, keepdim=True)
+    return centred / torch.sqrt(centred.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+@_add("eps outside the root", "rms_norm", RMS, "check_rms_norm", "inside the square root")
+def rms_eps_outside(self, x):
+    return x / (torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True)) + self.eps) * self.weight
+
+
+@_add("gain not applied", "rms_norm", RMS, "check_rms_norm", "learned gain")
+def rms_no_weight(self, x):
+    return x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+
+
+@_add("divides by the L2 norm", "rms_norm", RMS, "check_rms_norm", "L2 norm")
+def rms_l2(self, x):
+    return x / torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+@_add("calls PyTorch's rms_norm", "rms_norm", RMS, "check_rms_norm", "may not call")
+def rms_builtin(self, x):
+    return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+@_add("RMS computed on a detached x", "rms_norm", {"test_rms_norm_grad"}, "check_rms_norm_grad", "gradient")
+def rms_detached(self, x):
+    return x / torch.sqrt(x.detach().pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+# ---- swiglu_hidden -------------------------------------------------------------------------------------------
+@_add("4D hidden size", "swiglu_hidden", {"test_swiglu_hidden"}, "check_swiglu_hidden", "4 * d_model")
+def hidden_4d(d_model, multiple_of=8):
+    return 4 * d_model
+
+
+@_add("8D/3 rounded down to a multiple", "swiglu_hidden", {"test_swiglu_hidden"}, "check_swiglu_hidden",
+      "rounded down")
+def hidden_round_down(d_model, multiple_of=8):
+    return multiple_of * (8 * d_model // 3 // multiple_of)
+
+
+@_add("8D/3 rounded up before the multiple", "swiglu_hidden", {"test_swiglu_hidden"}, "check_swiglu_hidden",
+      "floor(8 * d_model / 3)")
+def hidden_ceil_first(d_model, multiple_of=8):
+    return multiple_of * math.ceil(math.ceil(8 * d_model / 3) / multiple_of)
+
+
+# ---- SwiGLU.forward --------------------------------------------------------------------------------------------
+@_add("SwiGLU gate on the wrong branch", "swiglu", SWIGLU, "check_swiglu", "wrong branch")
+def swiglu_gate_swapped(self, x):
+    return self.w3(self.w1(x) * F.silu(self.w2(x)))
+
+
+@_add("sigmoid gate instead of silu", "swiglu", SWIGLU, "check_swiglu", "sigmoid")
+def swiglu_sigmoid(self, x):
+    return self.w3(torch.sigmoid(self.w1(x)) * self.w2(x))
+
+
+@_add("GELU gate (GeGLU)", "swiglu", SWIGLU, "check_swiglu", "GeGLU")
+def swiglu_gelu(self, x):
+    return self.w3(F.gelu(self.w1(x)) * self.w2(x))
+
+
+@_add("no activation", "swiglu", SWIGLU, "check_swiglu", "no nonlinearity")
+def swiglu_bilinear(self, x):
+    return self.w3(self.w1(x) * self.w2(x))
+
+
+# ---- top_k_router ----------------------------------------------------------------------------------------------
+@_add("softmax over all experts then top-k, not renormalised", "top_k_router", ROUTER | MOE,
+      "check_top_k_router", "without renormalising")
+def router_no_renorm(logits, k):
+    probs = torch.softmax(logits, dim=-1)
+    experts = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k]
+    return probs.gather(-1, experts), experts
+
+
+@_add("torch.topk (ties in its own order)", "top_k_router", ROUTER, "check_top_k_router",
+      "lower expert index")
+def router_topk(logits, k):
+    top, experts = torch.topk(logits, k, dim=-1)
+    return torch.softmax(top, dim=-1), experts
+
+
+@_add("experts in index order", "top_k_router", ROUTER, "check_top_k_router", "wrong order")
+def router_index_order(logits, k):
+    experts = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k].sort(dim=-1).values
+    return torch.softmax(logits.gather(-1, experts), dim=-1), experts
+
+
+@_add("the k smallest logits", "top_k_router", ROUTER | MOE, "check_top_k_router", "largest logits")
+def router_smallest(logits, k):
+    experts = torch.sort(logits, dim=-1, stable=True).indices[..., :k]
+    return torch.softmax(logits.gather(-1, experts), dim=-1), experts
+
+
+@_add("softmax by hand (overflows)", "top_k_router", ROUTER, "check_top_k_router", "large logits")
+def router_naive_softmax(logits, k):
+    experts = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k]
+    e = logits.gather(-1, experts).exp()
+    return e / e.sum(dim=-1, keepdim=True), experts
+
+
+# ---- capacity_mask ------------------------------------------------------------------------------------------------
+@_add("capacity keeps the latest tokens", "capacity_mask", CAPACITY, "check_capacity_mask", "earliest")
+def capacity_latest(experts, n_experts, capacity):
+    flat = F.one_hot(experts.reshape(-1).flip(0), n_experts)
+    rank = (flat.cumsum(0) * flat).sum(-1) - 1
+    return (rank < capacity).flip(0).reshape(experts.shape)
+
+
+@_add("capacity queues slot by slot (GShard order)", "capacity_mask", CAPACITY, "check_capacity_mask",
+      "GShard")
+def capacity_slot_major(experts, n_experts, capacity):
+    by_slot = experts.reshape(-1, experts.shape[-1]).T.reshape(-1)       # all first choices, then all second ...
+    flat = F.one_hot(by_slot, n_experts)
+    rank = (flat.cumsum(0) * flat).sum(-1) - 1
+    return (rank < capacity).reshape(experts.shape[-1], -1).T.reshape(experts.shape)
+
+
+@_add("capacity off by one", "capacity_mask", CAPACITY, "check_capacity_mask", "one more")
+def capacity_off_by_one(experts, n_experts, capacity):
+    flat = F.one_hot(experts.reshape(-1), n_experts)
+    rank = (flat.cumsum(0) * flat).sum(-1) - 1
+    return (rank <= capacity).reshape(experts.shape)
+
+
+# ---- MoE.forward -------------------------------------------------------------------------------------------------
+@_add("MoE gates not applied", "moe", MOE, "check_moe", "gates are not applied")
+def moe_no_gates(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    gates, experts = top_k_router(logits, self.k)
+    keep = torch.ones_like(experts, dtype=torch.bool)
+    if self.capacity_factor is not None:
+        keep = capacity_mask(experts, self.n_experts,
+                             math.ceil(self.capacity_factor * tokens.shape[0] * self.k / self.n_experts))
+    y = torch.zeros_like(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where((experts == e) & keep)
+        y.index_add_(0, token, expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+@_add("MoE gates from the softmax over all experts", "moe", MOE, "check_moe", "softmax over all experts")
+def moe_all_softmax(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    experts = top_k_router(logits, self.k)[1]
+    gates = torch.softmax(logits, dim=-1).gather(-1, experts)
+    keep = torch.ones_like(experts, dtype=torch.bool)
+    if self.capacity_factor is not None:
+        keep = capacity_mask(experts, self.n_experts,
+                             math.ceil(self.capacity_factor * tokens.shape[0] * self.k / self.n_experts))
+    y = torch.zeros_like(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where((experts == e) & keep)
+        y.index_add_(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+@_add("MoE uses only the first expert", "moe", MOE, "check_moe", "first expert")
+def moe_first_only(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    gates, experts = top_k_router(logits, self.k)
+    keep = torch.ones_like(experts, dtype=torch.bool)
+    if self.capacity_factor is not None:
+        keep = capacity_mask(experts, self.n_experts,
+                             math.ceil(self.capacity_factor * tokens.shape[0] * self.k / self.n_experts))
+    y = torch.zeros_like(tokens)
+    for e, expert in enumerate(self.experts):
+        token = torch.where((experts[:, 0] == e) & keep[:, 0])[0]
+        y.index_add_(0, token, gates[token, 0, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+@_add("MoE returns flat router logits", "moe", MOE, "check_moe", "router logits")
+def moe_flat_logits(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    gates, experts = top_k_router(logits, self.k)
+    keep = torch.ones_like(experts, dtype=torch.bool)
+    if self.capacity_factor is not None:
+        keep = capacity_mask(experts, self.n_experts,
+                             math.ceil(self.capacity_factor * tokens.shape[0] * self.k / self.n_experts))
+    y = torch.zeros_like(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where((experts == e) & keep)
+        y.index_add_(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits
+
+
+@_add("MoE ignores the capacity", "moe", {"test_moe_capacity"}, "check_moe_capacity", "nothing was dropped")
+def moe_no_capacity(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    gates, experts = top_k_router(logits, self.k)
+    y = torch.zeros_like(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where(experts == e)
+        y.index_add_(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+@_add("MoE renormalises the gates after dropping", "moe", {"test_moe_capacity"}, "check_moe_capacity", "renormalised")
+def moe_renormalised(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    gates, experts = top_k_router(logits, self.k)
+    keep = torch.ones_like(experts, dtype=torch.bool)
+    if self.capacity_factor is not None:
+        keep = capacity_mask(experts, self.n_experts,
+                             math.ceil(self.capacity_factor * tokens.shape[0] * self.k / self.n_experts))
+        gates = gates * keep
+        gates = gates / gates.sum(-1, keepdim=True).clamp_min(1e-30)
+    y = torch.zeros_like(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where((experts == e) & keep)
+        y.index_add_(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+@_add("MoE capacity without k", "moe", {"test_moe_capacity"}, "check_moe_capacity", "left out k")
+def moe_capacity_no_k(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    gates, experts = top_k_router(logits, self.k)
+    keep = torch.ones_like(experts, dtype=torch.bool)
+    if self.capacity_factor is not None:
+        keep = capacity_mask(experts, self.n_experts, math.ceil(self.capacity_factor * tokens.shape[0] / self.n_experts))
+    y = torch.zeros_like(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where((experts == e) & keep)
+        y.index_add_(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+# ---- load_balancing_loss --------------------------------------------------------------------------------------------
+LB = {"test_load_balancing_loss"}
+
+
+@_add("f computed from the router probabilities", "load_balancing_loss", LB, "check_load_balancing_loss",
+      "hard top-k assignments")
+def lb_f_from_probs(logits, experts):
+    probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)
+    return logits.shape[-1] * (probs.mean(0) * probs.mean(0)).sum()
+
+
+@_add("P from the top-k gates", "load_balancing_loss", LB, "check_load_balancing_loss", "full softmax")
+def lb_p_from_gates(logits, experts):
+    n_experts = logits.shape[-1]
+    gates = torch.softmax(logits.gather(-1, experts), dim=-1).reshape(-1)
+    tokens = experts[..., 0].numel()
+    p = torch.zeros(n_experts, dtype=logits.dtype).index_add(0, experts.reshape(-1), gates) / tokens
+    f = torch.bincount(experts.reshape(-1), minlength=n_experts).to(logits.dtype) / experts.numel()
+    return n_experts * (f * p).sum()
+
+
+@_add("f divided by T instead of T*k", "load_balancing_loss", LB, "check_load_balancing_loss", "divide the counts by T*k")
+def lb_per_token(logits, experts):
+    n_experts = logits.shape[-1]
+    probs = torch.softmax(logits.reshape(-1, n_experts), dim=-1)
+    f = torch.bincount(experts.reshape(-1), minlength=n_experts).to(logits.dtype) / probs.shape[0]
+    return n_experts * (f * probs.mean(0)).sum()
+
+
+@_add("no factor E", "load_balancing_loss", LB, "check_load_balancing_loss", "number of experts")
+def lb_no_e(logits, experts):
+    n_experts = logits.shape[-1]
+    probs = torch.softmax(logits.reshape(-1, n_experts), dim=-1)
+    f = torch.bincount(experts.reshape(-1), minlength=n_experts).to(logits.dtype) / experts.numel()
+    return (f * probs.mean(0)).sum()
+
+
+@_add("P detached (no gradient)", "load_balancing_loss", LB, "check_load_balancing_loss", "no gradient reaches")
+def lb_detached(logits, experts):
+    n_experts = logits.shape[-1]
+    probs = torch.softmax(logits.detach().reshape(-1, n_experts), dim=-1)
+    f = torch.bincount(experts.reshape(-1), minlength=n_experts).to(logits.dtype) / experts.numel()
+    return n_experts * (f * probs.mean(0)).sum()
+
+
+# ---- router_z_loss ------------------------------------------------------------------------------------------------
+Z = {"test_router_z_loss"}
+
+
+@_add("z-loss summed over tokens", "router_z_loss", Z, "check_router_z_loss", "mean")
+def z_sum(logits):
+    return torch.logsumexp(logits, dim=-1).pow(2).sum()
+
+
+@_add("z-loss not squared", "router_z_loss", Z, "check_router_z_loss", "square")
+def z_no_square(logits):
+    return torch.logsumexp(logits, dim=-1).mean()
+
+
+@_add("z-loss of the max logit", "router_z_loss", Z, "check_router_z_loss", "torch.logsumexp")
+def z_max(logits):
+    return logits.max(dim=-1).values.pow(2).mean()
+
+
+@_add("log-sum-exp by hand (overflows)", "router_z_loss", Z, "check_router_z_loss", "overflow")
+def z_naive(logits):
+    return logits.exp().sum(dim=-1).log().pow(2).mean()
+
+
+# ---- transformer_parameters ----------------------------------------------------------------------------------------
+P = {"test_transformer_parameters"}
+
+
+@_add("parameters: K and V as wide as Q (no GQA)", "transformer_parameters", P, "check_transformer_parameters",
+      "grouped-query")
+def params_no_gqa(d_model, n_layers, n_heads, n_kv_heads, d_ffn, vocab_size, n_experts=1, top_k=1):
+    attention = 4 * d_model * d_model
+    expert = 3 * d_model * d_ffn
+    router = n_experts * d_model if n_experts > 1 else 0
+    shared = n_layers * (attention + router + 2 * d_model) + d_model + 2 * vocab_size * d_model
+    return shared + n_layers * n_experts * expert, shared + n_layers * top_k * expert
+
+
+@_add("parameters: every expert active", "transformer_parameters", P, "check_transformer_parameters", "counted all")
+def params_all_active(d_model, n_layers, n_heads, n_kv_heads, d_ffn, vocab_size, n_experts=1, top_k=1):
+    kv = n_kv_heads * (d_model // n_heads)
+    attention = 2 * d_model * d_model + 2 * d_model * kv
+    router = n_experts * d_model if n_experts > 1 else 0
+    total = n_layers * (attention + router + 2 * d_model + n_experts * 3 * d_model * d_ffn) + d_model \
+        + 2 * vocab_size * d_model
+    return total, total
+
+
+@_add("parameters: tied embedding", "transformer_parameters", P, "check_transformer_parameters", "untied")
+def params_tied(d_model, n_layers, n_heads, n_kv_heads, d_ffn, vocab_size, n_experts=1, top_k=1):
+    kv = n_kv_heads * (d_model // n_heads)
+    attention = 2 * d_model * d_model + 2 * d_model * kv
+    expert = 3 * d_model * d_ffn
+    router = n_experts * d_model if n_experts > 1 else 0
+    shared = n_layers * (attention + router + 2 * d_model) + d_model + vocab_size * d_model
+    return shared + n_layers * n_experts * expert, shared + n_layers * top_k * expert
+
+
+@_add("parameters: norms forgotten", "transformer_parameters", P, "check_transformer_parameters", "per layer")
+def params_no_norms(d_model, n_layers, n_heads, n_kv_heads, d_ffn, vocab_size, n_experts=1, top_k=1):
+    kv = n_kv_heads * (d_model // n_heads)
+    attention = 2 * d_model * d_model + 2 * d_model * kv
+    expert = 3 * d_model * d_ffn
+    router = n_experts * d_model if n_experts > 1 else 0
+    shared = n_layers * (attention + router) + 2 * vocab_size * d_model
+    return shared + n_layers * n_experts * expert, shared + n_layers * top_k * expert
+
+
+@_add("parameters: a router in a dense model", "transformer_parameters", P, "check_transformer_parameters",
+      "router when n_experts")
+def params_dense_router(d_model, n_layers, n_heads, n_kv_heads, d_ffn, vocab_size, n_experts=1, top_k=1):
+    kv = n_kv_heads * (d_model // n_heads)
+    attention = 2 * d_model * d_model + 2 * d_model * kv
+    expert = 3 * d_model * d_ffn
+    shared = n_layers * (attention + n_experts * d_model + 2 * d_model) + d_model + 2 * vocab_size * d_model
+    return shared + n_layers * n_experts * expert, shared + n_layers * top_k * expert
