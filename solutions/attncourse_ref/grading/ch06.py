@@ -1,0 +1,567 @@
+"""Hidden tests for chapter 06: tokenizers, the GPT (against transformers' GPT-2), loss, sampling, KV cache, MLM.
+
+``transformers`` is imported only inside the builders that use it: every chapter's module is
+imported when the grading server starts, and that import costs seconds.
+"""
+import math
+
+import numpy as np
+import torch
+
+from .. import llm as ref
+from . import fixed, function_case, hidden_test, judged_case, loader_case, module_case
+
+DTYPES = [torch.float32, torch.float64]
+NO_MHA = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward")
+
+TEXTS = [
+    "the cat sat on the mat; the cat ate the rat.",
+    "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer",
+    "aaaa abab aaaa baba",
+    "学而时习之，不亦说乎？有朋自远方来，不亦乐乎？",
+    "naïve café — déjà vu, 🙂🙂 emoji and ümlaut",
+    "",
+]
+
+
+def _pick(rng, options):
+    return options[int(rng.integers(len(options)))]
+
+
+def _seed(rng):
+    torch.manual_seed(int(rng.integers(2**31)))
+
+
+# ---- character tokenizer ----------------------------------------------------------------------
+@hidden_test("ch06.char_vocab")
+def char_vocab(rng):
+    corpora = TEXTS + ["zyx\nzyx  \t", "".join(rng.permutation(list("hello world, HELLO WORLD!")))]
+    return [function_case(ref.char_vocab, [c]) for c in corpora]
+
+
+@hidden_test("ch06.char_encode")
+def char_encode(rng):
+    vocab = ref.char_vocab(TEXTS[0] + TEXTS[1])
+    cases = [function_case(ref.char_encode, [t, vocab]) for t in ["the rat", TEXTS[1][:30], ""]]
+    # Characters the vocabulary lacks: capitals, digits, Chinese.
+    cases += [function_case(ref.char_encode, [t, vocab]) for t in ["The RAT 42", "cat 猫 sat", "\u00e9t\u00e9"]]
+    return cases
+
+
+@hidden_test("ch06.char_decode")
+def char_decode(rng):
+    vocab = ref.char_vocab(TEXTS[3] + "\n abc")
+    cases = []
+    for n in (0, 1, 7, 25):
+        ids = [int(i) for i in rng.integers(0, len(vocab) + 1, size=n)]
+        cases.append(function_case(ref.char_decode, [ids, vocab]))
+    ids = torch.from_numpy(rng.integers(0, len(vocab) + 1, size=12))        # a tensor of ids is allowed too
+    ids[3] = len(vocab)
+    cases.append(function_case(ref.char_decode, [ids, vocab]))
+    cases.append(function_case(ref.char_decode, [[len(vocab), 0, len(vocab)], vocab]))
+    return cases
+
+
+# ---- byte-pair encoding ---------------------------------------------------------------------------
+@hidden_test("ch06.merge_pair")
+def merge_pair(rng):
+    cases = [function_case(ref.merge_pair, [ids, pair, new]) for ids, pair, new in [
+        ([1, 2, 3, 1, 2], (1, 2), 256), ([5, 5, 5, 5, 5], (5, 5), 300), ([7, 7, 7], (7, 7), 256),
+        ([], (1, 2), 256), ([1], (1, 2), 256), ([2, 1, 2, 1], (1, 2), 999), ([3, 4], (4, 3), 256)]]
+    for _ in range(4):
+        ids = [int(i) for i in rng.integers(0, 4, size=int(rng.integers(5, 30)))]
+        pair = (int(rng.integers(0, 4)), int(rng.integers(0, 4)))
+        cases.append(function_case(ref.merge_pair, [ids, pair, int(rng.integers(256, 400))]))
+    return cases
+
+
+@hidden_test("ch06.bpe_train")
+def bpe_train(rng):
+    cases = [function_case(ref.bpe_train, [t, n]) for t, n in [
+        (TEXTS[0], 10), (TEXTS[1], 20), (TEXTS[2], 8),
+        ("ab ba cd dc", 3),              # every pair once: no merge at all
+        ("xyxy zwzw", 5),                # ties between (x, y), (z, w) and others: the smallest pair wins
+        (TEXTS[3], 12), (TEXTS[4], 12), (TEXTS[1], 0), ("", 4)]]
+    letters = "".join(_pick(rng, list("abcd ")) for _ in range(200))
+    cases.append(function_case(ref.bpe_train, [letters, int(rng.integers(10, 30))]))
+    return cases
+
+
+@hidden_test("ch06.bpe_encode")
+def bpe_encode(rng):
+    merges = ref.bpe_train(TEXTS[1] + TEXTS[0] + TEXTS[3], 40)
+    texts = ["the question is to be", "学而时习之", TEXTS[4], "", "tttthe the"]
+    cases = [function_case(ref.bpe_encode, [t, merges]) for t in texts]
+    cases.append(function_case(ref.bpe_encode, [TEXTS[1], merges[:5]]))
+    cases.append(function_case(ref.bpe_encode, [TEXTS[2], ref.bpe_train(TEXTS[2], 6)]))
+    return cases
+
+
+@hidden_test("ch06.bpe_decode")
+def bpe_decode(rng):
+    merges = ref.bpe_train(TEXTS[3] + TEXTS[4] + TEXTS[0], 40)
+    texts = [TEXTS[3], TEXTS[4], "the cat", "", "来 🙂 ü"]
+    cases = [function_case(ref.bpe_decode, [ref.bpe_encode(t, merges), merges]) for t in texts]
+    cases.append(function_case(ref.bpe_decode, [[0xE4, 0x41, 0xFF], merges]))    # invalid UTF-8 -> U+FFFD
+    return cases
+
+
+# ---- the GPT ----------------------------------------------------------------------------------------
+def _randomize(module, rng, scale=0.5):
+    """Weights far from the default initialisation (LayerNorm gains and biases included), so that
+    every part of the computation shows in the output."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.from_numpy(rng.standard_normal(tuple(p.shape)) * scale).to(p.dtype)
+            p.copy_(1.0 + noise if name.endswith("ln_1.weight") or name.endswith("ln_2.weight")
+                    or name.endswith("ln_f.weight") else noise)
+    return module
+
+
+def _attention_init(rng):
+    n_head = _pick(rng, [2, 3, 4])
+    return {"n_embd": n_head * int(rng.integers(1, 5)), "n_head": n_head}
+
+
+def _past(rng, b, n_head, t_past, head_dim, dtype):
+    shape = (b, n_head, t_past, head_dim)
+    return (torch.from_numpy(rng.standard_normal(shape)).to(dtype),
+            torch.from_numpy(rng.standard_normal(shape)).to(dtype))
+
+
+@hidden_test("ch06.attention", forbid=NO_MHA)
+def attention(rng):
+    cases = []
+    for i in range(8):
+        init = _attention_init(rng)
+        dtype = DTYPES[i % 2]
+        module = _randomize(ref.CausalSelfAttention(**init), rng).to(dtype)
+        b, t = int(rng.integers(1, 4)), int(rng.integers(2, 8))
+        x = torch.from_numpy(rng.standard_normal((b, t, init["n_embd"]))).to(dtype)
+        cases.append(module_case(module, init, [x]))
+    return cases
+
+
+@hidden_test("ch06.attention_cache", forbid=NO_MHA)
+def attention_cache(rng):
+    cases = []
+    for i in range(8):
+        init = _attention_init(rng)
+        dtype = DTYPES[i % 2]
+        module = _randomize(ref.CausalSelfAttention(**init), rng).to(dtype)
+        b, t_past, t = int(rng.integers(1, 4)), int(rng.integers(1, 7)), (1 if i < 4 else int(rng.integers(2, 5)))
+        x = torch.from_numpy(rng.standard_normal((b, t, init["n_embd"]))).to(dtype)
+        past = _past(rng, b, init["n_head"], t_past, init["n_embd"] // init["n_head"], dtype)
+        cases.append(module_case(module, init, [x], {"past_kv": past}))
+    return cases
+
+
+@hidden_test("ch06.block", forbid=NO_MHA)
+def block(rng):
+    cases = []
+    for i in range(6):
+        init = _attention_init(rng)
+        dtype = DTYPES[i % 2]
+        module = _randomize(ref.Block(**init), rng).to(dtype)
+        b, t = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+        x = torch.from_numpy(rng.standard_normal((b, t, init["n_embd"]))).to(dtype)
+        kwargs = {}
+        if i >= 4:                                   # the cache is passed on to the attention
+            kwargs["past_kv"] = _past(rng, b, init["n_head"], int(rng.integers(1, 5)),
+                                      init["n_embd"] // init["n_head"], dtype)
+        cases.append(module_case(module, init, [x], kwargs))
+    return cases
+
+
+def _gpt_init(rng):
+    n_head = _pick(rng, [1, 2, 3])
+    return {"vocab_size": int(rng.integers(5, 30)), "block_size": int(rng.integers(6, 14)),
+            "n_layer": int(rng.integers(1, 4)), "n_head": n_head, "n_embd": n_head * int(rng.integers(2, 5))}
+
+
+def gpt2_oracle(init, rng, dtype):
+    """transformers' GPT2LMHeadModel with these sizes, randomly initialised here (no download), its
+    weights spread far from the default initialisation, in eval mode."""
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+    transformers.logging.set_verbosity_error()
+    _seed(rng)
+    config = GPT2Config(vocab_size=init["vocab_size"], n_positions=init["block_size"], n_embd=init["n_embd"],
+                        n_layer=init["n_layer"], n_head=init["n_head"], bos_token_id=0, eos_token_id=0,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    hf = GPT2LMHeadModel(config).to(dtype).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_(0.3 * torch.randn_like(p))
+    return hf
+
+
+@hidden_test("ch06.gpt", forbid=NO_MHA)
+def gpt(rng):
+    """Your GPT with GPT-2's weights must give GPT-2's logits (transformers' GPT2LMHeadModel)."""
+    cases = []
+    for i in range(5):
+        init = _gpt_init(rng)
+        dtype = DTYPES[i % 2]
+        hf = gpt2_oracle(init, rng, dtype)
+        ours = ref.load_gpt2_weights(ref.GPT(**init).to(dtype), hf.state_dict())
+        b, t = int(rng.integers(1, 4)), int(rng.integers(1, init["block_size"] + 1))
+        idx = torch.from_numpy(rng.integers(0, init["vocab_size"], size=(b, t)))
+        case = module_case(ours, init, [idx], describe=f"GPT({', '.join(f'{k}={v}' for k, v in init.items())}) "
+                           f"with a random GPT-2's weights on idx {[b, t]} {str(dtype)[6:]}, against GPT2LMHeadModel")
+        with torch.no_grad():
+            case.expected = [hf(idx).logits.numpy()]
+        cases.append(case)
+    return cases
+
+
+@hidden_test("ch06.gpt_cache", forbid=NO_MHA)
+def gpt_cache(rng):
+    """forward with a cache: the logits and caches the reference gives, whatever the prompt length."""
+    cases = []
+    for i in range(7):
+        init = _gpt_init(rng)
+        dtype = DTYPES[i % 2]
+        model = _randomize(ref.GPT(**init), rng).to(dtype).eval()
+        b = int(rng.integers(1, 3))
+        t_past = int(rng.integers(1, init["block_size"] - 1))
+        t = 1 if i < 3 else int(rng.integers(1, init["block_size"] - t_past + 1))
+        prompt = torch.from_numpy(rng.integers(0, init["vocab_size"], size=(b, t_past)))
+        idx = torch.from_numpy(rng.integers(0, init["vocab_size"], size=(b, t)))
+        if i == 6:       # the first call: no past yet, a cache comes back
+            cases.append(module_case(model, init, [prompt], {"use_cache": True}))
+            continue
+        with torch.no_grad():
+            _, past = model(prompt, use_cache=True)
+        past = [tuple(kv) for kv in past]
+        cases.append(module_case(model, init, [idx], {"past_kv": past, "use_cache": i != 5}))
+    return cases
+
+
+@hidden_test("ch06.load_gpt2")
+def load_gpt2(rng):
+    cases = []
+    for i in range(4):
+        init = _gpt_init(rng)
+        dtype = DTYPES[i % 2]
+        state = {k: v.clone() for k, v in gpt2_oracle(init, rng, dtype).state_dict().items()}
+        if i == 3:       # older checkpoints also store each layer's causal-mask buffer: not a parameter
+            for layer in range(init["n_layer"]):
+                state[f"transformer.h.{layer}.attn.bias"] = torch.ones(1, 1, init["block_size"], init["block_size"],
+                                                                       dtype=torch.bool).tril()
+        target = ref.GPT(**init).to(dtype)
+        cases.append(loader_case(ref.load_gpt2_weights, target, [state],
+                                 describe=f"a GPT2LMHeadModel state dict ({init}, {str(dtype)[6:]}, "
+                                          f"{len(state)} keys) into a GPT of the same sizes"))
+    return cases
+
+
+# ---- the loss and sampling -----------------------------------------------------------------------------
+@hidden_test("ch06.lm_loss")
+def lm_loss(rng):
+    cases = []
+    for i in range(8):
+        dtype = DTYPES[i % 2]
+        b, t, v = int(rng.integers(1, 5)), int(rng.integers(2, 9)), int(rng.integers(3, 12))
+        logits = torch.from_numpy(rng.standard_normal((b, t, v)) * 2).to(dtype)
+        idx = torch.from_numpy(rng.integers(1, v, size=(b, t)))
+        kwargs = {}
+        if i >= 3:                                  # padded rows: a suffix of pad_id (0) after >= 2 tokens
+            lengths = rng.integers(2, t + 1, size=b)
+            idx = idx.masked_fill(torch.arange(t)[None, :] >= torch.from_numpy(lengths)[:, None], 0)
+            kwargs["pad_id"] = 0
+        cases.append(function_case(ref.lm_loss, [logits, idx], kwargs, rng=rng, grad_args=(0,) if i % 2 else ()))
+    return cases
+
+
+def _logits(rng, shape, dtype, integer=False):
+    x = rng.integers(-3, 4, size=shape).astype(float) if integer else rng.standard_normal(shape) * 2
+    return torch.from_numpy(x).to(dtype)
+
+
+@hidden_test("ch06.sampling")
+def sampling(rng):
+    cases = []
+    for i in range(10):
+        dtype = DTYPES[i % 2]
+        shape = _pick(rng, [(7,), (3, 9), (2, 2, 6)])
+        temperature = _pick(rng, [0.5, 0.8, 1.0, 1.7])
+        top_k = None if i < 3 else int(rng.integers(1, shape[-1] + 2))
+        logits = _logits(rng, shape, dtype, integer=i >= 6)    # integer logits: ties at the k-th
+        cases.append(function_case(ref.next_token_probs, [logits], {"temperature": temperature, "top_k": top_k}))
+    # Ties with the k-th largest logit: all of them stay.
+    tied = torch.tensor([[1.0, 3.0, 2.0, 3.0, 2.0, 0.0], [5.0, 5.0, 5.0, 1.0, 0.0, 5.0]])
+    cases += [function_case(ref.next_token_probs, [tied.to(dtype)], {"top_k": k}) for k, dtype in
+              [(3, torch.float64), (2, torch.float32), (1, torch.float64)]]
+    return cases
+
+
+def _safe_top_p(rng, probs):
+    """A top_p at least 1e-3 away from every cumulative sum of the ranked probabilities: rounding cannot
+    decide which tokens are kept."""
+    ranked = torch.sort(probs, dim=-1, descending=True, stable=True).values.cumsum(-1).flatten().tolist()
+    while True:
+        p = float(rng.uniform(0.2, 0.95))
+        if all(abs(p - c) > 1e-3 for c in ranked):
+            return p
+
+
+@hidden_test("ch06.top_p")
+def top_p(rng):
+    cases = []
+    # Ranked 0.5, 0.25, 0.125, 0.0625, 0.0625: each top_p lies strictly between two cumulative sums, so
+    # the token that crosses it decides; with ties ranked by lower id first.
+    dyadic = torch.log(torch.tensor([0.125, 0.5, 0.0625, 0.25, 0.0625], dtype=torch.float64))
+    for p in (0.3, 0.6, 0.8, 0.9, 0.95):
+        cases.append(function_case(ref.next_token_probs, [dyadic], {"top_p": p}))
+    ties = torch.log(torch.tensor([0.2, 0.3, 0.2, 0.3], dtype=torch.float64))
+    cases.append(function_case(ref.next_token_probs, [ties], {"top_p": 0.25}))
+    cases.append(function_case(ref.next_token_probs, [ties], {"top_p": 0.7}))
+    for i in range(6):
+        dtype = DTYPES[i % 2]
+        logits = _logits(rng, _pick(rng, [(8,), (3, 10)]), dtype)
+        kwargs = {"temperature": _pick(rng, [0.7, 1.0, 1.5])}
+        if i >= 4:
+            kwargs["top_k"] = int(rng.integers(2, 6))
+        probs = ref.next_token_probs(logits.double(), kwargs["temperature"], kwargs.get("top_k"))
+        kwargs["top_p"] = _safe_top_p(rng, probs)
+        cases.append(function_case(ref.next_token_probs, [logits], kwargs))
+    return cases
+
+
+def _sample_judge(probs, n_rows_stat, tol):
+    probs = probs.numpy()
+
+    def judge(got):
+        if len(got) != 1:
+            return f"expected one tensor of token ids, got {len(got)} values"
+        ids = got[0]
+        if ids.shape != probs.shape[:-1]:
+            return f"the ids have shape {list(ids.shape)}, expected {list(probs.shape[:-1])} (one per row)"
+        if ids.dtype != np.int64:
+            return f"the ids have dtype {ids.dtype}, expected int64 (torch.long)"
+        flat, rows = ids.reshape(-1), probs.reshape(-1, probs.shape[-1])
+        if ((flat < 0) | (flat >= rows.shape[-1])).any():
+            return "some ids are outside 0 .. V - 1"
+        if (rows[np.arange(len(flat)), flat] == 0).any():
+            return "some drawn tokens have probability 0"
+        if n_rows_stat:
+            freq = np.bincount(flat, minlength=rows.shape[-1]) / len(flat)
+            worst = float(np.abs(freq - rows[0]).max())
+            if worst > tol:
+                return (f"over {len(flat):,} draws from the same row, the frequencies {np.round(freq, 3).tolist()} "
+                        f"differ from the probabilities {np.round(rows[0], 3).tolist()} by up to {worst:.3f} "
+                        f"(tolerance {tol})")
+        return None
+    return judge
+
+
+@hidden_test("ch06.sample")
+def sample(rng):
+    """Statistics: 20,000 draws from one distribution match it within 0.02 per token (at least 5.7
+    standard deviations of an honest draw); plus shapes, dtype and that no zero-probability token is
+    ever drawn."""
+    cases = []
+    for dtype, row in [(torch.float64, [0.5, 0.0, 0.3, 0.15, 0.05]), (torch.float32, [0.1] * 10)]:
+        probs = torch.tensor(row, dtype=dtype).expand(20_000, len(row)).contiguous()
+        cases.append(judged_case([probs], judge=_sample_judge(probs, True, 0.02),
+                                 describe=f"20,000 rows of {row} ({str(dtype)[6:]})"))
+    probs = ref.next_token_probs(torch.from_numpy(rng.standard_normal((2, 3, 7))), top_k=3)
+    cases.append(judged_case([probs], judge=_sample_judge(probs, False, 0), describe="probs [2, 3, 7] after top-k 3"))
+    one_hot = torch.eye(6, dtype=torch.float64)[torch.from_numpy(rng.integers(0, 6, size=9))]
+    cases.append(judged_case([one_hot], judge=_sample_judge(one_hot, False, 0), describe="one-hot rows [9, 6]"))
+    return cases
+
+
+# ---- masked language modelling ------------------------------------------------------------------------
+SIGMAS = 5        # statistical tolerances: this many standard deviations of an honest draw
+
+
+def _mlm_batch(rng, b, t, vocab_size, n_special=4):
+    """Token ids 0 .. n_special - 1 are special ([PAD], [CLS], [SEP], [MASK] = 3): each row is
+    [CLS] words [SEP] [PAD]..., words drawn from n_special .. vocab_size - 1."""
+    tokens = torch.from_numpy(rng.integers(n_special, vocab_size, size=(b, t)))
+    lengths = torch.from_numpy(rng.integers(t // 2, t + 1, size=b))
+    pos = torch.arange(t)[None, :]
+    tokens[:, 0] = 1
+    tokens = torch.where(pos == lengths[:, None] - 1, 2, tokens)
+    tokens = torch.where(pos >= lengths[:, None], 0, tokens)
+    return tokens, tokens < n_special
+
+
+def _mlm_arrays(got, tokens):
+    if len(got) != 2:
+        return None, f"expected (inputs, labels), got {len(got)} values"
+    inputs, labels = got
+    for name, a in (("inputs", inputs), ("labels", labels)):
+        if a.shape != tuple(tokens.shape):
+            return None, f"{name} has shape {list(a.shape)}, expected {list(tokens.shape)}"
+        if a.dtype != np.int64:
+            return None, f"{name} has dtype {a.dtype}, expected int64 (torch.long)"
+    return (inputs, labels), None
+
+
+def _mlm_properties_judge(tokens, special):
+    tok, spec = tokens.numpy(), special.numpy()
+
+    def judge(got):
+        arrays, why = _mlm_arrays(got, tokens)
+        if why:
+            return why
+        inputs, labels = arrays
+        chosen = labels != ref.IGNORE_INDEX
+        if (chosen & spec).any():
+            return f"{int((chosen & spec).sum())} special positions were chosen for prediction; never choose them"
+        if (labels[chosen] != tok[chosen]).any():
+            return "at chosen positions the label must be the original token"
+        if (inputs[~chosen] != tok[~chosen]).any():
+            return "positions that are not chosen must keep their original token in the inputs"
+        return None
+    return judge
+
+
+def _mlm_statistics_judge(tokens, special, mask_id, vocab_size, mlm_prob):
+    tok, spec = tokens.numpy(), special.numpy()
+
+    def judge(got):
+        arrays, why = _mlm_arrays(got, tokens)
+        if why:
+            return why
+        inputs, labels = arrays
+        chosen = (labels != ref.IGNORE_INDEX) & ~spec
+        n = int(chosen.sum())
+        n_open = int((~spec).sum())
+        rate, tol = n / n_open, SIGMAS * math.sqrt(mlm_prob * (1 - mlm_prob) / n_open)
+        if abs(rate - mlm_prob) > tol:
+            return f"{rate:.3f} of the non-special positions were chosen, expected {mlm_prob} +- {tol:.3f}"
+        got_in, orig = inputs[chosen], tok[chosen]
+        masked = got_in == mask_id
+        kept = got_in == orig
+        randomised = ~masked & ~kept
+        # A random draw equals the original (or the mask id) with probability 1/V each: expected shares.
+        expect = {"mask": 0.8 + 0.1 / vocab_size, "random": 0.1 * (1 - 2 / vocab_size), "kept": 0.1 + 0.1 / vocab_size}
+        share = {"mask": masked.mean(), "random": randomised.mean(), "kept": kept.mean()}
+        tol = {k: SIGMAS * math.sqrt(q * (1 - q) / n) for k, q in expect.items()}
+        if any(abs(share[k] - expect[k]) > tol[k] for k in expect):
+            return (f"of the {n:,} chosen positions {share['mask']:.3f} became the mask token, {share['random']:.3f} "
+                    f"another token and {share['kept']:.3f} stayed; expected 0.8 / 0.1 / 0.1 "
+                    f"(tolerances {tol['mask']:.3f} / {tol['random']:.3f} / {tol['kept']:.3f})")
+        drawn = got_in[randomised]
+        if len(drawn) and (drawn.min() < 0 or drawn.max() >= vocab_size):
+            return "random replacements must be token ids in 0 .. vocab_size - 1"
+        spread = SIGMAS * (vocab_size + 1) / math.sqrt(12 * max(len(drawn), 1))      # std of a uniform mean
+        if len(drawn) > 50 and abs(drawn.mean() - (vocab_size - 1) / 2) > spread:
+            return (f"random replacements average {drawn.mean():.1f}; drawn uniformly from 0 .. {vocab_size - 1} "
+                    f"they average {(vocab_size - 1) / 2:.1f}")
+        return None
+    return judge
+
+
+@hidden_test("ch06.mlm_properties")
+def mlm_properties(rng):
+    cases = []
+    for b, t, v in [(4, 12, 30), (16, 64, 1000), (2, 5, 10), (32, 32, 50)]:
+        tokens, special = _mlm_batch(rng, b, t, v)
+        cases.append(judged_case([tokens, special, 3, v], judge=_mlm_properties_judge(tokens, special),
+                                 describe=f"tokens {[b, t]} with special positions, vocab_size={v}"))
+    return cases
+
+
+@hidden_test("ch06.mlm_statistics")
+def mlm_statistics(rng):
+    """Over 32,768 positions per case (about 24,000 of them not special) the share chosen, the 80/10/10
+    split and the mean of the random replacements must lie within 5 standard deviations of an honest
+    draw's (e.g. 0.15 +- 0.011 chosen, 0.8 +- 0.033 masked)."""
+    cases = []
+    for v, p in [(1000, 0.15), (200, 0.3)]:
+        tokens, special = _mlm_batch(rng, 128, 256, v)
+        kwargs = {} if p == 0.15 else {"mlm_prob": p}
+        cases.append(judged_case([tokens, special, 3, v], kwargs,
+                                 judge=_mlm_statistics_judge(tokens, special, 3, v, p),
+                                 describe=f"tokens [128, 256], vocab_size={v}, mlm_prob={p}"))
+    return cases
+
+
+# ---- the visible checks' stored cases -----------------------------------------------------------------
+CHECK_INIT = {"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 8}
+
+
+def _attention_variant(module, x, past=None, order="qkv", transpose=True, top_left=False):
+    """The reference attention with one known mistake, for the visible checks to recognise it."""
+    b, t, c = x.shape
+    parts = dict(zip(order, module.c_attn(x).split(c, dim=-1)))
+    heads = (lambda u: u.view(b, t, module.n_head, c // module.n_head).transpose(1, 2)) if transpose else \
+        (lambda u: u.reshape(b, module.n_head, t, c // module.n_head))
+    q, k, v = heads(parts["q"]), heads(parts["k"]), heads(parts["v"])
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=past is None or top_left)
+    return module.c_proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+def check_data():
+    """Fixed inputs and expected values for the visible checks (tools/make_check_data.py writes them)."""
+    rng = np.random.default_rng(6)
+    bpe_text = "low lower lowest newer newest 新新新的 the the"
+    merges = ref.bpe_train(bpe_text, 12)
+    tie_text = "xyxy zwzw"
+    corpus = "hello world\nHELLO!"
+    tokenizers = {
+        "corpus": corpus, "vocab": ref.char_vocab(corpus),
+        "encode_text": "low, World", "encoded": ref.char_encode("low, World", ref.char_vocab(corpus)),
+        "bpe_text": bpe_text, "merges": merges, "tie_text": tie_text, "tie_merges": ref.bpe_train(tie_text, 3),
+        "encoded_bpe": ref.bpe_encode("the newest lowest 新的", merges),
+    }
+
+    torch.manual_seed(6)
+    attn = _randomize(ref.CausalSelfAttention(8, 2), rng).double().eval()
+    x = fixed((2, 5, 8), 61)
+    y, (k, v) = attn(x)
+    past = (fixed((2, 2, 3, 4), 62), fixed((2, 2, 3, 4), 63))
+    xc = fixed((2, 2, 8), 64)
+    yc, (kc, vc) = attn(xc, past)
+    attention = {"init": {"n_embd": 8, "n_head": 2}, "state": dict(attn.state_dict()), "x": x, "y": y, "k": k, "v": v,
+                 "split_orders": {o: _attention_variant(attn, x, order=o) for o in ("kqv", "vkq", "qvk", "kvq", "vqk")},
+                 "y_no_transpose": _attention_variant(attn, x, transpose=False),
+                 "past_k": past[0], "past_v": past[1], "x_new": xc, "y_cached": yc, "k_cached": kc, "v_cached": vc,
+                 "y_cached_top_left": _attention_variant(attn, xc, past, top_left=True)}
+
+    blk = _randomize(ref.Block(8, 2), rng).double().eval()
+    post = blk.ln_1(x + blk.attn(x)[0])
+    block = {"init": {"n_embd": 8, "n_head": 2}, "state": dict(blk.state_dict()), "x": x, "y": blk(x)[0],
+             "y_post_norm": blk.ln_2(post + blk.mlp(post)), "past_k": past[0], "past_v": past[1], "x_new": xc,
+             "y_cached": blk(xc, past)[0]}
+
+    hf = gpt2_oracle(CHECK_INIT, rng, torch.float64)
+    model = ref.load_gpt2_weights(ref.GPT(**CHECK_INIT).double(), hf.state_dict())
+    idx = torch.from_numpy(rng.integers(0, CHECK_INIT["vocab_size"], size=(2, 8)))
+    h = model.drop(model.wte(idx) + model.wpe(torch.arange(8)))
+    for layer in model.h:
+        h = layer(h)[0]
+    gpt = {"init": CHECK_INIT, "state": dict(model.state_dict()), "idx": idx, "logits": hf(idx).logits,
+           "logits_without_ln_f": torch.nn.functional.linear(h, model.wte.weight),
+           "hf_state": dict(hf.state_dict()),
+           "parameters": [[name, list(p.shape)] for name, p in sorted(model.named_parameters())]}
+
+    logits, idx = fixed((2, 5, 7), 66) * 2, torch.from_numpy(rng.integers(1, 7, size=(2, 5)))
+    padded = idx.clone()
+    padded[1, 3:] = 0
+    flat = lambda lg, tg: torch.nn.functional.cross_entropy(lg.reshape(-1, 7), tg.reshape(-1))
+    with torch.enable_grad():                    # make_check_data runs this under no_grad
+        lg = logits.clone().requires_grad_(True)
+        grad = torch.autograd.grad(ref.lm_loss(lg, idx), lg)[0]
+    loss = {"logits": logits, "idx": idx, "loss": ref.lm_loss(logits, idx).item(), "grad": grad,
+            "loss_unshifted": flat(logits, idx).item(), "loss_backwards": flat(logits[:, 1:], idx[:, :-1]).item(),
+            "idx_padded": padded, "loss_padded": ref.lm_loss(logits, padded, pad_id=0).item(),
+            "loss_pad_counted": ref.lm_loss(logits, padded).item()}
+
+    logits = fixed((2, 6), 65) * 2
+    ties = torch.tensor([1.0, 3.0, 2.0, 3.0, 2.0, 0.0], dtype=torch.float64)
+    sampling = {"logits": logits, "t07": ref.next_token_probs(logits, 0.7), "t10": ref.next_token_probs(logits),
+                "t07_times": ref.next_token_probs(logits * 0.7), "k3": ref.next_token_probs(logits, top_k=3),
+                "ties": ties, "ties_k3": ref.next_token_probs(ties, top_k=3)}
+    return {"tokenizers": tokenizers, "attention": attention, "block": block, "gpt": gpt, "loss": loss,
+            "sampling": sampling}

@@ -1,0 +1,292 @@
+"""The chapter 06 reference against transformers' GPT-2 and logits processors, independent implementations
+and properties (hypothesis)."""
+import collections
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attncourse_ref import llm as ref
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+
+def gpt2(vocab_size, block_size, n_layer, n_head, n_embd, seed=0, dtype=torch.float64):
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=block_size, n_layer=n_layer, n_head=n_head,
+                                     n_embd=n_embd, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config).to(dtype).eval()
+    with torch.no_grad():                          # far from the default initialisation: every part shows
+        for name, p in model.named_parameters():
+            p.copy_((1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0)
+                    + 0.3 * torch.randn_like(p))
+    return model
+
+
+# ---- the GPT against GPT-2 -----------------------------------------------------------------------------
+@pytest.mark.parametrize("sizes, dtype", [((17, 12, 2, 3, 12), torch.float64), ((5, 4, 1, 1, 4), torch.float32),
+                                          ((40, 16, 3, 4, 16), torch.float32)])
+def test_gpt_with_gpt2_weights_gives_gpt2_logits(sizes, dtype):
+    hf = gpt2(*sizes, dtype=dtype)
+    ours = ref.load_gpt2_weights(ref.GPT(*sizes).to(dtype), hf.state_dict()).eval()
+    idx = torch.randint(0, sizes[0], (3, sizes[1]))
+    with torch.no_grad():
+        expected = hf(idx).logits
+        got = ours(idx)
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+
+
+def test_gpt_parameters_are_gpt2s_without_prefix_and_head():
+    hf = gpt2(11, 8, 2, 2, 8)
+    ours = ref.GPT(11, 8, 2, 2, 8)
+    theirs = {k.removeprefix("transformer."): tuple(v.shape) for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    mine = {k: tuple(v.shape[::-1]) if k.endswith(ref.CONV1D_WEIGHTS) else tuple(v.shape)
+            for k, v in ours.state_dict().items()}
+    assert mine == theirs
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())   # both tied
+
+
+def test_load_gpt2_weights_transposes_conv1d_and_ignores_other_keys():
+    hf = gpt2(13, 6, 1, 2, 6)
+    state = dict(hf.state_dict())
+    state["transformer.h.0.attn.bias"] = torch.ones(1, 1, 6, 6, dtype=torch.bool).tril()   # an old checkpoint's mask
+    model = ref.load_gpt2_weights(ref.GPT(13, 6, 1, 2, 6).double(), state)
+    torch.testing.assert_close(model.h[0].attn.c_attn.weight, state["transformer.h.0.attn.c_attn.weight"].t())
+    torch.testing.assert_close(model.h[0].mlp.c_fc.weight, state["transformer.h.0.mlp.c_fc.weight"].t())
+    torch.testing.assert_close(model.wte.weight, state["transformer.wte.weight"])
+    torch.testing.assert_close(model.h[0].ln_2.bias, state["transformer.h.0.ln_2.bias"])
+
+
+def test_gpt_dropout_only_in_training():
+    model = ref.GPT(10, 8, 2, 2, 8, dropout=0.5)
+    idx = torch.randint(0, 10, (2, 8))
+    model.train()
+    assert not torch.equal(model(idx), model(idx))
+    model.eval()
+    assert torch.equal(model(idx), model(idx))
+
+
+def test_attention_is_causal_and_matches_explicit_softmax():
+    torch.manual_seed(1)
+    attn = ref.CausalSelfAttention(12, 3).double().eval()
+    x = torch.randn(2, 7, 12, dtype=torch.float64)
+    y, (k, v) = attn(x)
+    q = attn.c_attn(x)[..., :12].view(2, 7, 3, 4).transpose(1, 2)
+    scores = q @ k.transpose(-2, -1) / 2.0 + torch.full((7, 7), float("-inf"), dtype=torch.float64).triu(1)
+    expected = attn.c_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 7, 12))
+    torch.testing.assert_close(y, expected)
+    x2 = x.clone()
+    x2[:, 4:] += 1
+    torch.testing.assert_close(attn(x2)[0][:, :4], y[:, :4])
+
+
+@settings(max_examples=12)
+@given(prompt=st.integers(1, 11), chunk=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_kv_cache_gives_the_full_forward(prompt, chunk, seed):
+    torch.manual_seed(seed)
+    model = ref.GPT(9, 12, 2, 2, 8).double().eval()
+    idx = torch.randint(0, 9, (2, 12))
+    with torch.no_grad():
+        full = model(idx)
+        logits, past = model(idx[:, :prompt], use_cache=True)
+        pieces = [logits]
+        for start in range(prompt, 12, chunk):
+            logits, past = model(idx[:, start:start + chunk], past_kv=past, use_cache=True)
+            pieces.append(logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full)
+    assert all(k.shape == (2, 2, 12, 4) and v.shape == (2, 2, 12, 4) for k, v in past)
+
+
+@settings(max_examples=12)
+@given(prompt=st.integers(1, 15), seed=st.integers(0, 2**16))
+def test_greedy_generation_same_with_and_without_cache(prompt, seed):
+    torch.manual_seed(seed)
+    model = ref.GPT(7, 16, 2, 2, 8).eval()
+    idx = torch.randint(0, 7, (1, prompt))
+    with torch.no_grad():
+        plain = idx
+        for _ in range(16 - prompt):
+            plain = torch.cat([plain, model(plain)[:, -1:].argmax(-1)], dim=1)
+        logits, past = model(idx, use_cache=True)
+        cached = idx
+        for _ in range(16 - prompt):
+            token = logits[:, -1:].argmax(-1)
+            cached = torch.cat([cached, token], dim=1)
+            if cached.shape[1] < 16:
+                logits, past = model(token, past_kv=past, use_cache=True)
+    assert torch.equal(plain, cached)
+
+
+# ---- tokenizers -----------------------------------------------------------------------------------------
+@given(st.text(max_size=40))
+def test_char_tokenizer_round_trip(text):
+    vocab = ref.char_vocab(text + "abc")
+    assert list(vocab) == sorted(set(vocab))
+    assert ref.char_decode(ref.char_encode(text, vocab), vocab) == text
+    assert ref.char_encode("\x00", "abc") == [3] and ref.char_decode([3], "abc") == "\ufffd"
+
+
+def independent_bpe_train(text, n_merges):
+    """Another implementation: tuples, a dict of counts, merging by scanning with an index."""
+    seq = tuple(text.encode("utf-8"))
+    merges = []
+    for i in range(n_merges):
+        counts = {}
+        for a, b in zip(seq, seq[1:]):
+            counts[(a, b)] = counts.get((a, b), 0) + 1
+        best = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:1]
+        if not best or best[0][1] < 2:
+            break
+        pair = best[0][0]
+        out, j = [], 0
+        while j < len(seq):
+            if seq[j:j + 2] == pair:
+                out.append(256 + i)
+                j += 2
+            else:
+                out.append(seq[j])
+                j += 1
+        seq = tuple(out)
+        merges.append(pair)
+    return merges
+
+
+TEXTS = st.text(alphabet=st.sampled_from(list("ab cd,学习🙂é")), max_size=80)
+
+
+@given(TEXTS, st.integers(0, 20))
+def test_bpe_train_matches_an_independent_implementation(text, n):
+    assert ref.bpe_train(text, n) == independent_bpe_train(text, n)
+
+
+@given(train=TEXTS, text=st.text(max_size=60), n=st.integers(0, 25))
+def test_bpe_round_trip_and_token_count_never_grows(train, text, n):
+    merges = ref.bpe_train(train, n)
+    assert ref.bpe_decode(ref.bpe_encode(text, merges), merges) == text
+    counts = [len(ref.bpe_encode(text, merges[:k])) for k in range(len(merges) + 1)]
+    assert counts[0] == len(text.encode("utf-8"))
+    assert all(b <= a for a, b in zip(counts, counts[1:]))
+
+
+def test_bpe_encoding_the_training_text_reproduces_training():
+    text = "the theme of the thesis: these are the themes " * 3 + "学而时习之学而"
+    merges = ref.bpe_train(text, 30)
+    ids = ref.bpe_encode(text, merges)
+    pairs = collections.Counter(zip(ids, ids[1:]))
+    assert all(c < 2 for c in pairs.values()) or len(merges) == 30      # training stopped: nothing left to merge
+    assert ref.bpe_decode([0xE4], []) == "\ufffd"
+
+
+# ---- loss and sampling ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lm_loss_is_the_mean_log_likelihood_of_the_next_token(dtype):
+    torch.manual_seed(2)
+    logits = torch.randn(3, 6, 5, dtype=dtype)
+    idx = torch.randint(1, 5, (3, 6))
+    idx[2, 4:] = 0
+    logp = logits.log_softmax(-1)
+    terms = [-logp[b, t, idx[b, t + 1]] for b in range(3) for t in range(5) if idx[b, t + 1] != 0]
+    torch.testing.assert_close(ref.lm_loss(logits, idx, pad_id=0), torch.stack(terms).mean())
+    assert ref.lm_loss(logits, idx).dtype == dtype
+
+
+@given(seed=st.integers(0, 2**16), temperature=st.sampled_from([0.5, 1.0, 1.3]), top_k=st.sampled_from([None, 1, 3, 7]),
+       top_p=st.sampled_from([None, 0.35, 0.8]))
+def test_next_token_probs_match_transformers_warpers(seed, temperature, top_k, top_p):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(4, 9, generator=g, dtype=torch.float64) * 2
+    ours = ref.next_token_probs(logits, temperature, top_k, top_p)
+    scores = transformers.TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k is not None:
+        scores = transformers.TopKLogitsWarper(top_k)(None, scores)
+    if top_p is not None:
+        ranked = scores.softmax(-1).sort(-1, descending=True).values.cumsum(-1)
+        if (ranked - top_p).abs().min() < 1e-6:       # a boundary rounding could decide: not a fair comparison
+            return
+        scores = transformers.TopPLogitsWarper(top_p)(None, scores)
+    torch.testing.assert_close(ours, scores.softmax(-1))
+    torch.testing.assert_close(ours.sum(-1), torch.ones(4, dtype=torch.float64))
+
+
+def test_top_p_keeps_the_crossing_token_and_breaks_ties_by_lower_id():
+    p = torch.tensor([0.125, 0.5, 0.0625, 0.25, 0.0625], dtype=torch.float64)
+    torch.testing.assert_close(ref.next_token_probs(p.log(), top_p=0.6),
+                               torch.tensor([0, 2 / 3, 0, 1 / 3, 0], dtype=torch.float64))
+    torch.testing.assert_close(ref.next_token_probs(p.log(), top_p=0.01), torch.tensor([0, 1.0, 0, 0, 0], dtype=torch.float64))
+    ties = torch.tensor([0.2, 0.3, 0.2, 0.3], dtype=torch.float64).log()
+    torch.testing.assert_close(ref.next_token_probs(ties, top_p=0.7),
+                               torch.tensor([0.25, 0.375, 0, 0.375], dtype=torch.float64))
+
+
+def test_sampler_frequencies_and_generator():
+    probs = torch.tensor([0.6, 0.0, 0.3, 0.1]).expand(30_000, 4)
+    draws = ref.sample_next_token(probs, torch.Generator().manual_seed(0))
+    assert draws.dtype == torch.long and draws.shape == (30_000,)
+    freq = torch.bincount(draws, minlength=4).double() / 30_000
+    assert (freq - torch.tensor([0.6, 0.0, 0.3, 0.1], dtype=torch.float64)).abs().max() < 0.015
+    assert torch.equal(draws, ref.sample_next_token(probs, torch.Generator().manual_seed(0)))
+    assert ref.sample_next_token(torch.full((2, 3, 5), 0.2)).shape == (2, 3)
+
+
+# ---- masked language modelling --------------------------------------------------------------------------------
+def test_mlm_mask_properties_and_statistics():
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(4, 1000, (200, 200), generator=g)
+    special = torch.rand(200, 200, generator=g) < 0.2
+    tokens[special] = 0
+    before = tokens.clone()
+    inputs, labels = ref.mlm_mask(tokens, special, 3, 1000, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(tokens, before)
+    chosen = labels != ref.IGNORE_INDEX
+    assert not (chosen & special).any()
+    assert torch.equal(labels[chosen], tokens[chosen]) and torch.equal(inputs[~chosen], tokens[~chosen])
+    assert abs(chosen.sum().item() / (~special).sum().item() - 0.15) < 0.01
+    shares = [(inputs[chosen] == 3).double().mean(), (inputs[chosen] == tokens[chosen]).double().mean()]
+    assert abs(shares[0] - 0.8) < 0.02 and abs(shares[1] - 0.1) < 0.015
+
+
+# ---- the hidden tests themselves --------------------------------------------------------------------------------
+HIDDEN = {"char_vocab": ref.char_vocab, "char_encode": ref.char_encode, "char_decode": ref.char_decode,
+          "merge_pair": ref.merge_pair, "bpe_train": ref.bpe_train, "bpe_encode": ref.bpe_encode,
+          "bpe_decode": ref.bpe_decode, "attention": ref.CausalSelfAttention, "attention_cache": ref.CausalSelfAttention,
+          "block": ref.Block, "gpt": ref.GPT, "gpt_cache": ref.GPT, "load_gpt2": ref.load_gpt2_weights,
+          "lm_loss": ref.lm_loss, "sampling": ref.next_token_probs, "top_p": ref.next_token_probs,
+          "sample": ref.sample_next_token, "mlm_properties": ref.mlm_mask, "mlm_statistics": ref.mlm_mask}
+
+
+@pytest.mark.parametrize("name", sorted(HIDDEN))
+def test_reference_passes_its_hidden_tests(name):
+    from attncourse.autograde import run_hidden_test
+    verdict = run_hidden_test(f"ch06.{name}", HIDDEN[name])
+    assert verdict["n_cases"] > 0 and not verdict["failures"], verdict["failures"][:2]
+
+
+@pytest.mark.parametrize("salt", ["a", "b", "c", "d", "e"])
+def test_statistical_judges_accept_honest_draws_whatever_the_salt(salt, monkeypatch):
+    """The statistical hidden tests hold 5 standard deviations: an honest sampler passes under other salts too."""
+    monkeypatch.setenv("ATTNCOURSE_GRADING_SALT", salt)
+    from attncourse_ref.grading import REGISTRY, compare, seed_for
+    from attncourse_ref.grading import ch06  # noqa: F401  (registers the tests)
+    from attncourse import _wire
+    for test_id, fn in [("ch06.sample", ref.sample_next_token), ("ch06.mlm_statistics", ref.mlm_mask),
+                        ("ch06.mlm_properties", ref.mlm_mask)]:
+        seed = seed_for(test_id)
+        torch.manual_seed(seed)
+        for case in REGISTRY[test_id](np.random.default_rng(seed)):
+            args = [_wire.decode_value(a, {f"p/{k}": v for k, v in case.arrays.items()}, "p") for a in case.call["args"]]
+            kwargs = {k: _wire.decode_value(v, {f"p/{k2}": v2 for k2, v2 in case.arrays.items()}, "p")
+                      for k, v in case.call["kwargs"].items()}
+            assert compare(case, _wire.flatten_result(fn(*args, **kwargs))) is None, (salt, test_id, case.describe)
+
+
+def test_uniform_guess_is_the_untrained_loss_scale():
+    # The page compares its loss curve with ln V: a model predicting uniformly scores exactly that.
+    logits = torch.zeros(2, 5, 83)
+    assert math.isclose(ref.lm_loss(logits, torch.randint(0, 83, (2, 5))).item(), math.log(83), rel_tol=1e-6)
+    assert F.softmax(logits, -1)[0, 0, 0].item() == pytest.approx(1 / 83)

@@ -1,0 +1,414 @@
+"""Known-wrong implementations for chapter 06 (see tests/zoo/__init__.py)."""
+import collections
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attncourse_ref.llm import IGNORE_INDEX, Block, merge_pair
+
+from . import collector
+
+VARIANTS, _add = collector()
+BPE = {"test_merge_pair", "test_bpe_train", "test_bpe_encode"}     # bpe_train and bpe_encode call merge_pair
+MODEL = {"test_gpt", "test_gpt_cache"}                              # the GPT runs every block and attention
+
+
+# ---- character tokenizer -------------------------------------------------------------------------
+@_add("vocabulary in order of first appearance", "char_vocab", {"test_char_vocab"}, "check_char_vocab",
+      "sorted by code point")
+def vocab_unsorted(corpus):
+    return "".join(dict.fromkeys(corpus))
+
+
+@_add("unknown characters get id 0", "char_encode", {"test_char_encode"}, "check_char_encode", "len(vocab)")
+def encode_unknown_zero(text, vocab):
+    index = {c: i for i, c in enumerate(vocab)}
+    return [index.get(c, 0) for c in text]
+
+
+@_add("unknown characters dropped", "char_encode", {"test_char_encode"}, "check_char_encode", "len(vocab)")
+def encode_unknown_dropped(text, vocab):
+    index = {c: i for i, c in enumerate(vocab)}
+    return [index[c] for c in text if c in index]
+
+
+@_add("unknown id decoded as '?'", "char_decode", {"test_char_decode"}, "check_char_decode", "U+FFFD")
+def decode_unknown_question_mark(ids, vocab):
+    return "".join(vocab[i] if i < len(vocab) else "?" for i in map(int, ids))
+
+
+# ---- byte-pair encoding -----------------------------------------------------------------------------
+@_add("merge_pair replaces the first occurrence only", "merge_pair", BPE, "check_merge_pair", "every occurrence")
+def merge_first_only(ids, pair, new_id):
+    for i in range(len(ids) - 1):
+        if ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            return ids[:i] + [new_id] + ids[i + 2:]
+    return list(ids)
+
+
+@_add("merge_pair steps one element after a match", "merge_pair", BPE, "check_merge_pair", "skip both elements")
+def merge_step_one(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            out.append(new_id)
+        else:
+            out.append(ids[i])
+        i += 1
+    return out
+
+
+@_add("ties go to the largest pair", "bpe_train", {"test_bpe_train"}, "check_bpe_train", "smallest pair")
+def train_ties_largest(text, n_merges):
+    ids = list(text.encode("utf-8"))
+    merges = []
+    for i in range(n_merges):
+        counts = collections.Counter(zip(ids, ids[1:]))
+        if not counts:
+            break
+        pair = max(counts, key=lambda p: (counts[p], p))
+        if counts[pair] < 2:
+            break
+        ids = merge_pair(ids, pair, 256 + i)
+        merges.append(pair)
+    return merges
+
+
+@_add("training never stops early", "bpe_train", {"test_bpe_train"}, "check_bpe_train", "at least twice")
+def train_no_early_stop(text, n_merges):
+    ids = list(text.encode("utf-8"))
+    merges = []
+    for i in range(n_merges):
+        counts = collections.Counter(zip(ids, ids[1:]))
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], p))
+        ids = merge_pair(ids, pair, 256 + i)
+        merges.append(pair)
+    return merges
+
+
+@_add("trained on characters, not UTF-8 bytes", "bpe_train", {"test_bpe_train"}, "check_bpe_train", "UTF-8 bytes")
+def train_on_characters(text, n_merges):
+    ids = [ord(c) for c in text]
+    merges = []
+    for i in range(n_merges):
+        counts = collections.Counter(zip(ids, ids[1:]))
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], p))
+        if counts[pair] < 2:
+            break
+        ids = merge_pair(ids, pair, 256 + i)
+        merges.append(pair)
+    return merges
+
+
+@_add("merges applied in reverse order", "bpe_encode", {"test_bpe_encode"}, "check_bpe_encode",
+      "in the order they were learned")
+def encode_reversed(text, merges):
+    ids = list(text.encode("utf-8"))
+    for i in reversed(range(len(merges))):
+        ids = merge_pair(ids, tuple(merges[i]), 256 + i)
+    return ids
+
+
+@_add("encodes characters, not UTF-8 bytes", "bpe_encode", {"test_bpe_encode"}, "check_bpe_encode", "UTF-8 bytes")
+def encode_characters(text, merges):
+    ids = [ord(c) for c in text]
+    for i, pair in enumerate(merges):
+        ids = merge_pair(ids, tuple(pair), 256 + i)
+    return ids
+
+
+@_add("each token decoded on its own", "bpe_decode", {"test_bpe_decode"}, "check_bpe_decode",
+      "decode the whole byte string once")
+def decode_per_token(ids, merges):
+    pieces = {i: bytes([i]) for i in range(256)}
+    for i, (a, b) in enumerate(merges):
+        pieces[256 + i] = pieces[a] + pieces[b]
+    return "".join(pieces[int(i)].decode("utf-8", errors="replace") for i in ids)
+
+
+@_add("invalid bytes dropped", "bpe_decode", {"test_bpe_decode"}, "check_bpe_decode", "U+FFFD")
+def decode_ignore_errors(ids, merges):
+    pieces = {i: bytes([i]) for i in range(256)}
+    for i, (a, b) in enumerate(merges):
+        pieces[256 + i] = pieces[a] + pieces[b]
+    return b"".join(pieces[int(i)] for i in ids).decode("utf-8", errors="ignore")
+
+
+# ---- the GPT ------------------------------------------------------------------------------------------
+@_add("causal mask missing", "attention", {"test_attention", "test_block"} | MODEL, "check_attention", "not causal")
+def attention_not_causal(self, x, past_kv=None):
+    B, T, C = x.shape
+    q, k, v = self.c_attn(x).split(C, dim=-1)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+    mask = None
+    if past_kv is not None:
+        t_past = past_kv[0].shape[2]
+        k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+        mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
+@_add("KV cache appended along the head axis", "attention", {"test_attention_cache", "test_block", "test_gpt_cache"},
+      "check_attention_cache", "wrong axis")
+def attention_cache_wrong_axis(self, x, past_kv=None):
+    B, T, C = x.shape
+    q, k, v = self.c_attn(x).split(C, dim=-1)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+    mask = None
+    if past_kv is not None:
+        t_past = past_kv[0].shape[2]
+        k, v = torch.cat([past_kv[0], k], dim=1), torch.cat([past_kv[1], v], dim=1)
+        mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
+@_add("causal mask not shifted for cached keys", "attention", {"test_attention_cache", "test_block", "test_gpt_cache"},
+      "check_attention_cache", "shifted")
+def attention_cache_top_left(self, x, past_kv=None):
+    B, T, C = x.shape
+    q, k, v = self.c_attn(x).split(C, dim=-1)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+    if past_kv is not None:
+        k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
+@_add("post-norm block", "block", {"test_block"} | MODEL, "check_block", "post-norm")
+def block_post_norm(self, x, past_kv=None):
+    a, present = self.attn(x, past_kv)
+    x = self.ln_1(x + a)
+    x = self.ln_2(x + self.mlp(x))
+    return x, present
+
+
+@_add("untied head", "gpt", MODEL, "check_gpt", "tied to the token embedding")
+class GPTUntiedHead(nn.Module):
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, dropout=0.0):
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+
+    def forward(self, idx, past_kv=None, use_cache=False):
+        t_past = 0 if past_kv is None else past_kv[0][0].shape[2]
+        positions = torch.arange(t_past, t_past + idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(positions))
+        presents = []
+        for i, block in enumerate(self.h):
+            x, present = block(x, None if past_kv is None else past_kv[i])
+            presents.append(present)
+        logits = self.lm_head(self.ln_f(x))
+        return (logits, presents) if use_cache else logits
+
+
+@_add("positions restart at 0 with a cache", "gpt", {"test_gpt_cache"}, "check_gpt_cache", "must start at t_past")
+class GPTPositionsRestart(nn.Module):
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, dropout=0.0):
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+
+    def forward(self, idx, past_kv=None, use_cache=False):
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(positions))
+        presents = []
+        for i, block in enumerate(self.h):
+            x, present = block(x, None if past_kv is None else past_kv[i])
+            presents.append(present)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return (logits, presents) if use_cache else logits
+
+
+@_add("no final LayerNorm", "gpt", MODEL, "check_gpt", "ln_f")
+class GPTNoFinalNorm(nn.Module):
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, dropout=0.0):
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+
+    def forward(self, idx, past_kv=None, use_cache=False):
+        t_past = 0 if past_kv is None else past_kv[0][0].shape[2]
+        positions = torch.arange(t_past, t_past + idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(positions))
+        presents = []
+        for i, block in enumerate(self.h):
+            x, present = block(x, None if past_kv is None else past_kv[i])
+            presents.append(present)
+        logits = F.linear(x, self.wte.weight)
+        return (logits, presents) if use_cache else logits
+
+
+@_add("Conv1D weights not transposed", "load_gpt2_weights", {"test_load_gpt2"}, "check_load_gpt2_weights",
+      "must be transposed")
+def load_not_transposed(model, state_dict):
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(state_dict["transformer." + name])
+    return model
+
+
+@_add("Conv1D weights reshaped instead of transposed", "load_gpt2_weights", {"test_load_gpt2"},
+      "check_load_gpt2_weights", "reshaped")
+def load_reshaped(model, state_dict):
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(state_dict["transformer." + name].reshape(param.shape))
+    return model
+
+
+@_add("every 2-D weight transposed, embeddings too", "load_gpt2_weights", {"test_load_gpt2"},
+      "check_load_gpt2_weights", "copied as it is")
+def load_transpose_all(model, state_dict):
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            weight = state_dict["transformer." + name]
+            param.copy_(weight.t() if weight.dim() == 2 else weight)
+    return model
+
+
+# ---- loss and sampling -------------------------------------------------------------------------------------
+@_add("loss not shifted", "lm_loss", {"test_lm_loss"}, "check_lm_loss", "not shifted")
+def loss_not_shifted(logits, idx, pad_id=None):
+    targets = idx
+    if pad_id is not None:
+        targets = targets.masked_fill(targets == pad_id, IGNORE_INDEX)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+@_add("padding scored", "lm_loss", {"test_lm_loss"}, "check_lm_loss", "padding was scored")
+def loss_counts_padding(logits, idx, pad_id=None):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+
+
+@_add("temperature applied after the softmax", "next_token_probs", {"test_sampling", "test_top_p"}, "check_sampling",
+      "before the softmax")
+def probs_temperature_after_softmax(logits, temperature=1.0, top_k=None, top_p=None):
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1) / temperature
+    probs = probs / probs.sum(-1, keepdim=True)
+    if top_p is not None:
+        ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        above = ranked.cumsum(-1) - ranked
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, above >= top_p)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+@_add("top-k drops tokens tied with the k-th", "next_token_probs", {"test_sampling"}, "check_sampling",
+      "tied with it stays")
+def probs_top_k_exactly_k(logits, temperature=1.0, top_k=None, top_p=None):
+    logits = logits / temperature
+    if top_k is not None:
+        keep = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).indices
+        allowed = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, keep, True)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None:
+        ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        above = ranked.cumsum(-1) - ranked
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, above >= top_p)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+@_add("top-p drops the token that crosses p", "next_token_probs", {"test_top_p"}, "check_top_p",
+      "dropped the token that crosses top_p")
+def probs_top_p_drops_crossing(logits, temperature=1.0, top_k=None, top_p=None):
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None:
+        ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, ranked.cumsum(-1) > top_p)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+@_add("top-p ranks ties by higher id", "next_token_probs", {"test_top_p"}, "check_top_p", "lower id")
+def probs_top_p_ties_reversed(logits, temperature=1.0, top_k=None, top_p=None):
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None:
+        ranked, order = torch.sort(probs, dim=-1, stable=True)
+        ranked, order = ranked.flip(-1), order.flip(-1)
+        above = ranked.cumsum(-1) - ranked
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, above >= top_p)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+@_add("argmax instead of sampling", "sample_next_token", {"test_sample"}, "check_sample", "argmax")
+def sample_argmax(probs, generator=None):
+    return probs.argmax(-1)
+
+
+@_add("softmax applied to probabilities", "sample_next_token", {"test_sample"}, "check_sample",
+      "already probabilities")
+def sample_softmax_again(probs, generator=None):
+    flat = torch.softmax(probs.reshape(-1, probs.shape[-1]), dim=-1)
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+# ---- masked language modelling -----------------------------------------------------------------------------
+@_add("special tokens masked too", "mlm_mask", {"test_mlm_properties"}, "check_mlm_properties", "special positions")
+def mlm_masks_special(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, generator=None):
+    shape, device = tokens.shape, tokens.device
+    chosen = torch.rand(shape, generator=generator, device=device) < mlm_prob
+    labels = torch.where(chosen, tokens, IGNORE_INDEX)
+    action = torch.rand(shape, generator=generator, device=device)
+    random_tokens = torch.randint(vocab_size, shape, generator=generator, device=device)
+    inputs = torch.where(chosen & (action < 0.8), mask_id, tokens)
+    inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_tokens, inputs)
+    return inputs, labels
+
+
+@_add("every chosen token masked", "mlm_mask", {"test_mlm_statistics"}, "check_mlm_statistics", "BERT uses 80%")
+def mlm_all_masked(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, generator=None):
+    chosen = (torch.rand(tokens.shape, generator=generator, device=tokens.device) < mlm_prob) & ~special_mask
+    return torch.where(chosen, mask_id, tokens), torch.where(chosen, tokens, IGNORE_INDEX)
+
+
+@_add("labels at every position", "mlm_mask", {"test_mlm_properties", "test_mlm_statistics"},
+      "check_mlm_properties", "-100")
+def mlm_labels_everywhere(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, generator=None):
+    shape, device = tokens.shape, tokens.device
+    chosen = (torch.rand(shape, generator=generator, device=device) < mlm_prob) & ~special_mask
+    action = torch.rand(shape, generator=generator, device=device)
+    random_tokens = torch.randint(vocab_size, shape, generator=generator, device=device)
+    inputs = torch.where(chosen & (action < 0.8), mask_id, tokens)
+    inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_tokens, inputs)
+    return inputs, tokens.clone()
