@@ -58,8 +58,10 @@ class Student:
 
 def generic_students(chapter, instructor):
     """Attacks that every chapter must withstand, written against the chapter's first exercises."""
-    sol = [nbtools.grade_info(c)["grade_id"] for c in instructor.cells if nbtools.is_solution(c)]
     own = cells_tested(instructor)
+    # Graded solution cells only: a paste cell (an earlier chapter's code, no tests of its own) is not attacked.
+    sol = [nbtools.grade_info(c)["grade_id"] for c in instructor.cells if nbtools.is_solution(c)
+           and own[nbtools.grade_info(c)["grade_id"]]]
     all_tests = set(nbtools.points(instructor))
     first, last = sol[0], sol[-1]
     first_src = next(c.source for c in instructor.cells if nbtools.grade_info(c).get("grade_id") == first)
