@@ -17,6 +17,8 @@ def make_layer(kind, weight):
         return lambda x: (x @ weight).cumsum(dim=-2)
     if kind == "decoder_step":
         return decoder_step(weight)
+    if kind == "prefix_decoder":
+        return prefix_decoder(weight)
     raise ValueError(f"unknown layer kind {kind!r}")
 
 
@@ -38,3 +40,28 @@ def decoder_step(weight):
         new_state = torch.tanh(2 * state.roll(1, dims=-1) + weight[y_prev] + (attn.unsqueeze(-1) * enc).sum(-2))
         return new_state, new_state @ weight.T, attn
     return step
+
+
+def prefix_decoder(weight):
+    """A fixed stateless decoder for greedy decoding (chapter 05), from a [V, H] weight (token vectors).
+
+    decode(tgt_in [B, T] long, memory [B, S, H], memory_mask [B, S] bool or None) -> logits [B, T, V].
+    Like a Transformer decoder it re-reads the whole prefix and position t sees tokens 0..t only:
+    h_t = tanh(g_t) with g_t = 0.7 * (g_{t-1} rolled by one coordinate) + weight[tgt_in[:, t]],
+    then dot-product attention of h_t over memory (masked positions get no weight) and
+    logits_t = 2 (h_t rolled by one coordinate + context_t) @ weight.T (the roll keeps the tokens
+    changing from step to step).  Rows are independent; nothing random.
+    """
+    def decode(tgt_in, memory, memory_mask=None):
+        g = torch.zeros(tgt_in.shape[0], weight.shape[1], dtype=weight.dtype)
+        states = []
+        for t in range(tgt_in.shape[1]):
+            g = 0.7 * g.roll(1, dims=-1) + weight[tgt_in[:, t]]
+            states.append(torch.tanh(g))
+        h = torch.stack(states, dim=1)                                    # [B, T, H]
+        scores = h @ memory.transpose(-2, -1)                             # [B, T, S]
+        if memory_mask is not None:
+            scores = torch.where(memory_mask[:, None, :], scores, torch.full_like(scores, float("-inf")))
+        context = torch.softmax(scores, dim=-1) @ memory
+        return 2 * (h.roll(1, dims=-1) + context) @ weight.T
+    return decode

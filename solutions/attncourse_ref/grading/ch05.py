@@ -1,0 +1,402 @@
+"""Hidden tests for chapter 05: LayerNorm, the feed-forward network, encoder and decoder blocks (against
+torch.nn.TransformerEncoderLayer / TransformerDecoderLayer weights), the encoder and decoder stacks,
+teacher forcing and greedy decoding."""
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+
+from attncourse.checks.ch05 import LAYER_NORM_BUILTINS, TRANSFORMER_BUILTINS
+from attncourse.layers import prefix_decoder
+
+from .. import transformer as ref
+from . import fixed, function_case, hidden_test, layer_case, module_case, module_grad_case
+from .ch01 import _classify, _first_occurrences, padding_mask
+
+DTYPES = [torch.float32, torch.float64]
+# Stacks of blocks in float32: a few more rounding steps than one layer.
+STACK_TOL = {np.dtype("float32"): (2e-4, 2e-5)}
+
+
+def _tensor(rng, shape, dtype, scale=1.0):
+    return torch.from_numpy(rng.standard_normal(shape) * scale).to(dtype)
+
+
+def _perturb(module, rng, scale=0.3):
+    """Random norm weights and biases: PyTorch initialises them to 1 and 0, which would hide
+    a LayerNorm that swaps or ignores them, and the attention biases start at 0 too."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(_tensor(rng, tuple(p.shape), p.dtype, scale))
+    return module
+
+
+def _padded_mask(rng, b, s):
+    """[B, S] bool, True at real positions: each row a prefix of length >= 1, and (when S > 1) at least
+    one row padded, so that a block that ignores or inverts its mask cannot pass by luck."""
+    lengths = rng.integers(1, s + 1, size=b)
+    if s > 1:
+        lengths[int(rng.integers(b))] = int(rng.integers(1, s))
+    return torch.arange(s)[None, :] < torch.from_numpy(lengths)[:, None]
+
+
+# ---- LayerNorm ---------------------------------------------------------------------------------------
+def _layer_norm_cases(rng, grad):
+    cases = []
+    # (leading shape, D, input scale, offset, eps): tiny variance makes eps matter; D = 1 has none at all;
+    # a large offset with a small spread breaks E[x^2] - E[x]^2 in float32.
+    settings = [((2, 3), 8, 1.0, 0.0, 1e-5), ((4,), 5, 0.01, 0.0, 1e-3), ((2, 2, 3), 16, 3.0, 1.0, 1e-5),
+                ((3,), 2, 0.05, 0.0, 0.1), ((2, 4), 1, 1.0, 0.0, 1e-5), ((5,), 7, 0.1, 100.0, 1e-5),
+                ((), 6, 1.0, 0.0, 1e-5), ((2, 3), 12, 0.02, -2.0, 1e-2)]
+    for i, (lead, d, scale, offset, eps) in enumerate(settings):
+        large_mean = offset == 100.0
+        dtype = torch.float32 if large_mean else DTYPES[i % 2]
+        if grad and (d == 1 or large_mean):
+            continue                                      # no spread / a forward-pass precision test
+        module = _perturb(ref.LayerNorm(d, eps).to(dtype), rng, scale=1.0)
+        n = int(rng.integers(1, 6))
+        x = _tensor(rng, lead + (n, d), dtype, scale) + offset
+        init = {"normalized_shape": d, "eps": eps}
+        # Around 100 in float32 the mean itself is rounded to ~1e-5: a looser tolerance for that case.
+        tol = {np.dtype("float32"): (1e-3, 1e-3)} if large_mean else None
+        if grad:
+            cases.append(module_grad_case(module, init, [x], rng=rng))
+        else:
+            cases.append(module_case(module, init, [x], tol=tol))
+    return cases
+
+
+@hidden_test("ch05.layer_norm", forbid=LAYER_NORM_BUILTINS)
+def layer_norm(rng):
+    return _layer_norm_cases(rng, grad=False)
+
+
+@hidden_test("ch05.layer_norm_grad", forbid=LAYER_NORM_BUILTINS)
+def layer_norm_grad(rng):
+    return _layer_norm_cases(rng, grad=True)
+
+
+# ---- FeedForward ---------------------------------------------------------------------------------------
+@hidden_test("ch05.feed_forward")
+def feed_forward(rng):
+    cases = []
+    for i in range(8):
+        d = int(rng.integers(1, 9))
+        init = {"d_model": d, "d_ff": None if i % 3 == 0 else int(rng.integers(1, 20)),
+                "activation": "gelu" if i % 2 else "relu", "dropout": 0.1}
+        dtype = DTYPES[(i // 2) % 2]
+        module = ref.FeedForward(**init).to(dtype)
+        x = _tensor(rng, [(), (2,), (2, 3)][i % 3] + (int(rng.integers(1, 6)), d), dtype, 2.0)
+        cases.append(module_case(module, init, [x]))
+    return cases
+
+
+# ---- encoder and decoder blocks --------------------------------------------------------------------------
+def _block_setup(rng, i, norm_first):
+    h = int(rng.integers(1, 4))
+    d = h * int(rng.integers(2 if h == 1 else 1, 5))   # D = 1: a LayerNorm outputs its bias, whatever came in
+    init = {"d_model": d, "n_heads": h, "d_ff": int(rng.integers(1, 4 * d + 1)), "dropout": 0.1,
+            "activation": "gelu" if i % 3 == 2 else "relu", "norm_first": norm_first}
+    return init, DTYPES[i % 2]
+
+
+def _torch_layer(cls, init, dtype):
+    """torch's own layer with the same sizes (randomly initialised): its weights are what the test loads."""
+    return cls(init["d_model"], init["n_heads"], init["d_ff"], init["dropout"], init["activation"],
+               batch_first=True, norm_first=init["norm_first"], dtype=dtype)
+
+
+def _encoder_cases(rng, norm_first):
+    cases = []
+    for i in range(8):
+        init, dtype = _block_setup(rng, i, norm_first)
+        module = ref.EncoderBlock(**init).to(dtype)
+        module.load_state_dict(_torch_layer(nn.TransformerEncoderLayer, init, dtype).state_dict())
+        _perturb(module, rng)
+        b, n = int(rng.integers(1, 4)), int(rng.integers(1, 8))
+        x = _tensor(rng, (b, n, init["d_model"]), dtype)
+        kwargs = {} if i % 4 == 0 else {"key_mask": _padded_mask(rng, b, n)}
+        cases.append(module_case(module, init, [x], kwargs))
+    return cases
+
+
+@hidden_test("ch05.encoder_block", forbid=TRANSFORMER_BUILTINS)
+def encoder_block(rng):
+    return _encoder_cases(rng, norm_first=False)
+
+
+@hidden_test("ch05.encoder_pre_norm", forbid=TRANSFORMER_BUILTINS)
+def encoder_pre_norm(rng):
+    return _encoder_cases(rng, norm_first=True)
+
+
+def _decoder_cases(rng, norm_first):
+    cases = []
+    for i in range(8):
+        init, dtype = _block_setup(rng, i, norm_first)
+        module = ref.DecoderBlock(**init).to(dtype)
+        module.load_state_dict(_torch_layer(nn.TransformerDecoderLayer, init, dtype).state_dict())
+        _perturb(module, rng)
+        b, t = int(rng.integers(1, 4)), int(rng.integers(2, 8))
+        s = t if i == 3 else int(rng.integers(1, 9))          # one case with as many sources as targets
+        if s == t and i != 3:
+            s += 1
+        x = _tensor(rng, (b, t, init["d_model"]), dtype)
+        memory = _tensor(rng, (b, s, init["d_model"]), dtype)
+        kwargs = {} if i % 4 == 0 else {"memory_mask": _padded_mask(rng, b, s)}
+        cases.append(module_case(module, init, [x, memory], kwargs))
+    return cases
+
+
+@hidden_test("ch05.decoder_block", forbid=TRANSFORMER_BUILTINS)
+def decoder_block(rng):
+    return _decoder_cases(rng, norm_first=False)
+
+
+@hidden_test("ch05.decoder_pre_norm", forbid=TRANSFORMER_BUILTINS)
+def decoder_pre_norm(rng):
+    return _decoder_cases(rng, norm_first=True)
+
+
+# ---- the encoder and decoder stacks --------------------------------------------------------------------
+def _stack_init(rng, i, vocab):
+    h = int(rng.integers(1, 3))
+    return {"vocab_size": vocab, "d_model": h * int(rng.integers(2, 5)), "n_heads": h,
+            "n_layers": int(rng.integers(1, 3)), "d_ff": int(rng.integers(2, 12)), "dropout": 0.1,
+            "max_len": int(rng.integers(10, 16)), "norm_first": bool(i % 2), "activation": "relu"}
+
+
+@hidden_test("ch05.encoder", forbid=TRANSFORMER_BUILTINS)
+def encoder(rng):
+    cases = []
+    for i in range(6):
+        vocab = int(rng.integers(4, 12))
+        init = _stack_init(rng, i, vocab)
+        dtype = DTYPES[(i // 2) % 2]
+        module = _perturb(ref.Encoder(**init).to(dtype), rng)
+        b, s = int(rng.integers(1, 4)), int(rng.integers(1, init["max_len"] + 1))
+        src_mask = _padded_mask(rng, b, s)
+        src = torch.from_numpy(rng.integers(1, vocab, size=(b, s))).masked_fill(~src_mask, 0)
+        cases.append(module_case(module, init, [src, src_mask], tol=STACK_TOL))
+    return cases
+
+
+@hidden_test("ch05.decoder", forbid=TRANSFORMER_BUILTINS)
+def decoder(rng):
+    cases = []
+    for i in range(6):
+        vocab = int(rng.integers(4, 12))
+        init = {**_stack_init(rng, i, vocab), "tie_embeddings": i % 3 == 1}
+        dtype = DTYPES[(i // 2) % 2]
+        module = _perturb(ref.Decoder(**init).to(dtype), rng)
+        b, t, s = int(rng.integers(1, 4)), int(rng.integers(1, init["max_len"] + 1)), int(rng.integers(1, 9))
+        tgt_in = torch.from_numpy(rng.integers(0, vocab, size=(b, t)))
+        memory = _tensor(rng, (b, s, init["d_model"]), dtype)
+        kwargs = {} if i == 0 else {"memory_mask": _padded_mask(rng, b, s)}
+        cases.append(module_case(module, init, [tgt_in, memory], kwargs, tol=STACK_TOL))
+    return cases
+
+
+# ---- teacher forcing ---------------------------------------------------------------------------------------
+@hidden_test("ch05.shift_right")
+def shift_right(rng):
+    cases = []
+    for b, t in [(1, 1), (1, 5), (3, 4), (2, 9), (4, 2)]:
+        tgt = torch.from_numpy(rng.integers(0, 20, size=(b, t)))
+        cases.append(function_case(ref.shift_right, [tgt, int(rng.integers(1, 25))]))
+    return cases
+
+
+@hidden_test("ch05.sequence_loss")
+def sequence_loss(rng):
+    cases = []
+    for i in range(8):
+        b, t, v = int(rng.integers(1, 5)), int(rng.integers(1, 8)), int(rng.integers(3, 9))
+        dtype = DTYPES[i % 2]
+        logits = _tensor(rng, (b, t, v), dtype, 2.0)
+        pad = 0 if i < 5 else int(rng.integers(1, v))
+        target = torch.from_numpy(rng.integers(0, v, size=(b, t)))
+        keep = _padded_mask(rng, b, t)                       # each row: real tokens, then padding
+        target = torch.where(keep, torch.where(target == pad, (target + 1) % v, target), pad)
+        cases.append(function_case(ref.sequence_loss, [logits, target], {"pad": pad} if pad else {},
+                                   rng=rng, grad_args=(0,) if i % 2 == 0 else ()))
+    return cases
+
+
+# ---- greedy decoding ------------------------------------------------------------------------------------------
+def _greedy_problem(rng, batch, dtype, vocab, max_len, hidden=5, length=6):
+    weight = _tensor(rng, (vocab, hidden), dtype, 1.5)
+    memory = _tensor(rng, (batch, length, hidden), dtype)
+    return weight, [memory, padding_mask(rng, batch, length), 1, -1, max_len]
+
+
+@hidden_test("ch05.greedy_decode")
+def greedy_decode(rng):
+    cases, tries = [], 0
+    wanted = [("early", 1), ("max_len", 1), ("all_early", 3), ("some_never", 4), ("all_early", 5),
+              ("some_never", 2)]
+    while wanted and tries < 500:
+        tries += 1
+        kind_wanted, batch = wanted[0]
+        dtype = DTYPES[len(cases) % 2]
+        max_len, vocab = int(rng.integers(5, 14)), int(rng.integers(4, 8))
+        weight, args = _greedy_problem(rng, batch, dtype, vocab, max_len)
+        path = ref.greedy_decode(prefix_decoder(weight), *args)      # eos = -1: never stops early
+        for eos in rng.permutation(vocab):
+            if eos in (0, 1):                                        # neither pad nor bos
+                continue
+            if _classify(_first_occurrences(path, int(eos)), max_len, batch == 1) == kind_wanted:
+                break
+        else:
+            continue
+        wanted.pop(0)
+        args[3] = int(eos)
+        if len(cases) == 4:
+            args = args + [int(rng.integers(3, 6))]                   # an explicit pad id
+        cases.append(layer_case(ref.greedy_decode, "prefix_decoder", weight, args,
+                                describe=f"(a fixed decoder, batch of {batch}, max_len={max_len}, eos={args[3]}: "
+                                         f"{kind_wanted.replace('_', ' ')})"))
+    assert not wanted, f"could not build greedy cases {wanted}"
+    return cases
+
+
+# ---- stored cases for the visible checks ---------------------------------------------------------------------
+def _layer_norm_variants(x, weight, bias, eps):
+    """What classic LayerNorm mistakes give on ``x`` (the visible check names them by these outputs)."""
+    d = x.shape[-1]
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    z = (x - mean) / torch.sqrt(var + eps)
+    tokens_mean = x.mean(-2, keepdim=True)                     # statistics over the tokens instead
+    tokens_var = ((x - tokens_mean) ** 2).mean(-2, keepdim=True)
+    return {"unbiased": (x - mean) / torch.sqrt(var * d / (d - 1) + eps) * weight + bias,
+            "eps_outside": (x - mean) / (torch.sqrt(var) + eps) * weight + bias,
+            "wrong_axis": (x - tokens_mean) / torch.sqrt(tokens_var + eps) * weight + bias,
+            "no_affine": z,
+            "swapped_affine": z * bias + weight}
+
+
+def _stack_variants(module, args, kwargs):
+    """What the stack gives with the embedding scale or the positions wrong (by editing weights) and,
+    for pre-norm, without the final LayerNorm."""
+    out = {}
+    d = module.d_model
+    for name, factor in [("unscaled", d ** -0.5), ("scaled_by_d", d ** 0.5)]:
+        other = copy.deepcopy(module)
+        with torch.no_grad():
+            other.embedding.weight.mul_(factor)
+        out[name] = other(*args, **kwargs)
+    other = copy.deepcopy(module)
+    with torch.no_grad():
+        other.pos_embedding.weight.zero_()
+    out["no_positions"] = other(*args, **kwargs)
+    if isinstance(module.norm, ref.LayerNorm):
+        other = copy.deepcopy(module)
+        other.norm = nn.Identity()
+        out["no_final_norm"] = other(*args, **kwargs)
+    return out
+
+
+def check_data():
+    """Fixed cases for the visible checks (tools/make_check_data.py writes them)."""
+    data = {}
+    # LayerNorm: D = 5, eps = 0.1 with a small spread, so where eps goes shows.
+    x = fixed((2, 3, 5), 51) * 0.3
+    weight, bias = fixed((5,), 52) + 1, fixed((5,), 53)
+    ln = ref.LayerNorm(5, eps=0.1).double()
+    with torch.no_grad():
+        ln.weight.copy_(weight)
+        ln.bias.copy_(bias)
+    cot = fixed((2, 3, 5), 54)
+    with torch.enable_grad():                                  # make_check_data runs under no_grad
+        xg = x.clone().requires_grad_()
+        y = ln(xg)
+        (grad,) = torch.autograd.grad((y * cot).sum(), xg)
+        mean = xg.mean(-1, keepdim=True).detach()               # statistics cut from the graph
+        var = ((xg - mean) ** 2).mean(-1, keepdim=True).detach()
+        (detached_grad,) = torch.autograd.grad((((xg - mean) / torch.sqrt(var + 0.1) * weight + bias) * cot).sum(), xg)
+    offset = fixed((4, 6), 55) * 0.05 + 100.0                 # large mean, small spread, for float32
+    ln6 = ref.LayerNorm(6).double()
+    data["layer_norm"] = {"init": {"normalized_shape": 5, "eps": 0.1}, "state": dict(ln.state_dict()), "x": x,
+                          "output": y, **_layer_norm_variants(x, weight, bias, 0.1), "cotangent": cot, "grad": grad,
+                          "detached_grad": detached_grad, "offset_x": offset, "offset_output": ln6(offset)}
+
+    # FeedForward: D = 4, d_ff = 6, both activations; what a missing or wrong activation gives.
+    torch.manual_seed(5)
+    ff = ref.FeedForward(4, 6).double()
+    xf = fixed((2, 3, 4), 56) * 2
+    hidden = ff.linear1(xf)
+    data["feed_forward"] = {"state": dict(ff.state_dict()), "x": xf, "relu": ff(xf),
+                            "gelu": ref.FeedForward.forward(_with(ff, activation="gelu"), xf),
+                            "no_activation": ff.linear2(hidden),
+                            "gelu_tanh": ff.linear2(torch.nn.functional.gelu(hidden, approximate="tanh"))}
+
+    # Encoder and decoder stacks: small, random, with padding; both norm placements.
+    for name, cls, extra in [("encoder", ref.Encoder, {}), ("decoder", ref.Decoder, {"tie_embeddings": False})]:
+        for norm_first in (False, True):
+            init = {"vocab_size": 9, "d_model": 8, "n_heads": 2, "n_layers": 2, "d_ff": 12, "dropout": 0.1,
+                    "max_len": 10, "norm_first": norm_first, "activation": "relu", **extra}
+            torch.manual_seed(7 + norm_first)
+            module = _perturb(cls(**init).double(), np.random.default_rng(7)).eval()
+            mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+            if name == "encoder":
+                args = [torch.tensor([[3, 5, 7, 2, 8, 4], [6, 6, 3, 1, 0, 0]]), mask]
+                kwargs = {}
+            else:
+                args = [torch.tensor([[1, 4, 4, 7, 2], [1, 8, 3, 2, 0]]), fixed((2, 6, 8), 57)]
+                kwargs = {"memory_mask": mask}
+            inputs = dict(zip(["src", "src_mask"] if name == "encoder" else ["tgt_in", "memory"], args), **kwargs)
+            entry = {"init": init, "state": dict(module.state_dict()), "inputs": inputs,
+                     "output": module(*args, **kwargs), **_stack_variants(module, args, kwargs)}
+            if name == "decoder":
+                entry["mask_ignored"] = module(*args)
+            data[f"{name}_{'pre' if norm_first else 'post'}"] = entry
+
+    # Teacher forcing.
+    tgt = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
+    logits = fixed((2, 4, 5), 58) * 2
+    target = torch.tensor([[3, 1, 4, 2], [2, 4, 0, 0]])
+    with torch.enable_grad():
+        lg = logits.clone().requires_grad_()
+        loss = ref.sequence_loss(lg, target)
+        (loss_grad,) = torch.autograd.grad(loss, lg)
+    per_token = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    real = (target != 0).double()
+    data["teacher_forcing"] = {
+        "tgt": tgt, "bos": 1, "shifted": ref.shift_right(tgt, 1), "logits": logits, "target": target,
+        "loss": loss, "loss_grad": loss_grad, "with_padding": per_token.mean(), "summed": (per_token * real).sum(),
+        "mean_of_means": ((per_token * real).sum(1) / real.sum(1)).mean(),
+        "pad_4_target": torch.tensor([[3, 1, 0, 2], [2, 0, 4, 4]]),
+        "pad_4_loss": ref.sequence_loss(logits, torch.tensor([[3, 1, 0, 2], [2, 0, 4, 4]]), pad=4)}
+
+    # Greedy decoding with the fixed decoder attncourse.layers.prefix_decoder.
+    data["greedy"] = _greedy_check_case()
+    return data
+
+
+def _with(module, **attrs):
+    other = copy.deepcopy(module)
+    for k, v in attrs.items():
+        setattr(other, k, v)
+    return other
+
+
+def _greedy_check_case():
+    """A batch of three whose rows stop at three different steps, and a row that never stops."""
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        weight, args = _greedy_problem(rng, 4, torch.float64, 6, 9)
+        weight = (weight * 100).round() / 100
+        memory = (args[0] * 100).round() / 100
+        path = ref.greedy_decode(prefix_decoder(weight), memory, args[1], 1, -1, 9)
+        for eos in range(2, 6):
+            stops = _first_occurrences(path, eos)
+            if None in stops[3:] and None not in stops[:3] and len(set(stops[:3])) == 3 and min(stops[:3]) > 0:
+                out = ref.greedy_decode(prefix_decoder(weight), memory[:3], args[1][:3], 1, eos, 9)
+                never = ref.greedy_decode(prefix_decoder(weight), memory[3:], args[1][3:], 1, eos, 9)
+                return {"weight": weight, "memory": memory[:3], "mask": args[1][:3], "bos": 1, "eos": eos,
+                        "max_len": 9, "output": out, "memory_never": memory[3:], "mask_never": args[1][3:],
+                        "output_never": never}
+    raise AssertionError("no greedy check case found")

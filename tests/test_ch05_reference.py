@@ -1,0 +1,221 @@
+"""The chapter 05 reference against PyTorch's own layers (LayerNorm, TransformerEncoderLayer,
+TransformerDecoderLayer and their stacks), and its properties: padding, causality, teacher forcing."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+from attncourse.layers import prefix_decoder
+from attncourse_ref import transformer as ref
+
+DTYPES = st.sampled_from([torch.float32, torch.float64])
+
+
+def _tol(dtype):
+    return {"rtol": 1e-5, "atol": 2e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-10}
+
+
+def _randomize(module, seed):
+    """PyTorch initialises norms to (1, 0) and attention biases to 0: draw them at random."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+    return module
+
+
+def _key_mask(b, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, n + 1, (b,), generator=g)
+    lengths[0] = n
+    return torch.arange(n)[None, :] < lengths[:, None]
+
+
+@given(lead=st.lists(st.integers(1, 3), max_size=2), d=st.integers(2, 9), eps=st.sampled_from([1e-5, 1e-3, 0.1]),
+       scale=st.sampled_from([0.01, 1.0, 10.0]), dtype=DTYPES, seed=st.integers(0, 2**16))
+def test_layer_norm_matches_torch_with_gradients(lead, d, eps, scale, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    theirs = nn.LayerNorm(d, eps=eps, dtype=dtype)
+    with torch.no_grad():
+        theirs.weight.normal_(generator=g)
+        theirs.bias.normal_(generator=g)
+    ours = ref.LayerNorm(d, eps).to(dtype)
+    ours.load_state_dict(theirs.state_dict())
+    x = (torch.randn(*lead, 4, d, generator=g, dtype=dtype) * scale).requires_grad_()
+    cot = torch.randn(*lead, 4, d, generator=g, dtype=dtype)
+    y_ours, y_theirs = ours(x), theirs(x)
+    assert y_ours.dtype == dtype
+    torch.testing.assert_close(y_ours, y_theirs, **_tol(dtype))
+    mine = torch.autograd.grad((y_ours * cot).sum(), [x, ours.weight, ours.bias])
+    expected = torch.autograd.grad((y_theirs * cot).sum(), [x, theirs.weight, theirs.bias])
+    for a, b in zip(mine, expected):
+        torch.testing.assert_close(a, b, rtol=1e-4 if dtype == torch.float32 else 1e-9,
+                                   atol=1e-4 if dtype == torch.float32 else 1e-9)
+
+
+def test_layer_norm_parameters_are_named_like_torch():
+    ln = ref.LayerNorm(6)
+    assert {k: tuple(v.shape) for k, v in ln.state_dict().items()} == {"weight": (6,), "bias": (6,)}
+    assert (ln.weight == 1).all() and (ln.bias == 0).all() and ln.eps == 1e-5
+
+
+def test_layer_norm_output_has_zero_mean_unit_variance():
+    x = torch.randn(3, 7, 32, dtype=torch.float64) * 5 + 2
+    y = ref.LayerNorm(32, eps=0.0).double()(x)
+    torch.testing.assert_close(y.mean(-1), torch.zeros(3, 7, dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(y.var(-1, correction=0), torch.ones(3, 7, dtype=torch.float64), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_feed_forward_is_torchs_mlp(activation):
+    torch.manual_seed(0)
+    ff = ref.FeedForward(8, activation=activation).double().eval()
+    assert ff.linear1.weight.shape == (32, 8) and ff.linear2.weight.shape == (8, 32)   # 4D by default
+    mlp = nn.Sequential(nn.Linear(8, 32), nn.ReLU() if activation == "relu" else nn.GELU(), nn.Linear(32, 8)).double()
+    mlp.load_state_dict({"0.weight": ff.linear1.weight, "0.bias": ff.linear1.bias,
+                         "2.weight": ff.linear2.weight, "2.bias": ff.linear2.bias})
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    torch.testing.assert_close(ff(x), mlp(x))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_encoder_block_matches_torch(norm_first, activation, dtype):
+    torch.manual_seed(1)
+    theirs = _randomize(nn.TransformerEncoderLayer(12, 3, 20, 0.1, activation, batch_first=True,
+                                                   norm_first=norm_first, dtype=dtype), 1).eval()
+    ours = ref.EncoderBlock(12, 3, 20, 0.1, activation, norm_first).to(dtype).eval()
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(3, 6, 12, dtype=dtype).requires_grad_()     # autograd on: torch's slow, exact path
+    mask = _key_mask(3, 6, 1)
+    torch.testing.assert_close(ours(x, mask), theirs(x, src_key_padding_mask=~mask), **_tol(dtype))
+    torch.testing.assert_close(ours(x), theirs(x), **_tol(dtype))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decoder_block_matches_torch(norm_first, dtype):
+    torch.manual_seed(2)
+    theirs = _randomize(nn.TransformerDecoderLayer(8, 2, 16, 0.1, "relu", batch_first=True,
+                                                   norm_first=norm_first, dtype=dtype), 2).eval()
+    ours = ref.DecoderBlock(8, 2, 16, 0.1, "relu", norm_first).to(dtype).eval()
+    ours.load_state_dict(theirs.state_dict())
+    x, memory = torch.randn(2, 5, 8, dtype=dtype), torch.randn(2, 7, 8, dtype=dtype)
+    mask = _key_mask(2, 7, 2)
+    causal = nn.Transformer.generate_square_subsequent_mask(5, dtype=dtype)
+    expected = theirs(x, memory, tgt_mask=causal, memory_key_padding_mask=~mask)
+    torch.testing.assert_close(ours(x, memory, mask), expected, **_tol(dtype))
+
+
+def _embedded(stack, ids):
+    pos = stack.pos_embedding(torch.arange(ids.shape[1]))
+    return stack.embedding(ids) * math.sqrt(stack.d_model) + pos
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_is_torchs_encoder_stack(norm_first):
+    torch.manual_seed(3)
+    ours = _randomize(ref.Encoder(11, 8, 2, 3, 16, 0.1, 20, norm_first).double(), 3).eval()
+    layer = nn.TransformerEncoderLayer(8, 2, 16, 0.1, batch_first=True, norm_first=norm_first, dtype=torch.float64)
+    theirs = nn.TransformerEncoder(layer, 3, norm=nn.LayerNorm(8, dtype=torch.float64) if norm_first else None,
+                                   enable_nested_tensor=False).eval()
+    theirs.layers.load_state_dict(ours.layers.state_dict())
+    if norm_first:
+        theirs.norm.load_state_dict(ours.norm.state_dict())
+    src = torch.randint(1, 11, (3, 9))
+    mask = _key_mask(3, 9, 3)
+    src = src.masked_fill(~mask, 0)
+    x = _embedded(ours, src).requires_grad_()
+    torch.testing.assert_close(ours(src, mask), theirs(x, src_key_padding_mask=~mask), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("norm_first, tie", [(False, False), (True, True)])
+def test_decoder_is_torchs_decoder_stack_and_a_projection(norm_first, tie):
+    torch.manual_seed(4)
+    ours = _randomize(ref.Decoder(13, 8, 2, 2, 16, 0.1, 20, norm_first, tie_embeddings=tie).double(), 4).eval()
+    assert (ours.out.weight is ours.embedding.weight) == tie
+    layer = nn.TransformerDecoderLayer(8, 2, 16, 0.1, batch_first=True, norm_first=norm_first, dtype=torch.float64)
+    theirs = nn.TransformerDecoder(layer, 2, norm=nn.LayerNorm(8, dtype=torch.float64) if norm_first else None).eval()
+    theirs.layers.load_state_dict(ours.layers.state_dict())
+    if norm_first:
+        theirs.norm.load_state_dict(ours.norm.state_dict())
+    tgt, memory = torch.randint(0, 13, (2, 6)), torch.randn(2, 4, 8, dtype=torch.float64)
+    mask = _key_mask(2, 4, 4)
+    causal = nn.Transformer.generate_square_subsequent_mask(6, dtype=torch.float64)
+    hidden = theirs(_embedded(ours, tgt), memory, tgt_mask=causal, memory_key_padding_mask=~mask)
+    torch.testing.assert_close(ours(tgt, memory, mask), F.linear(hidden, ours.out.weight, ours.out.bias),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_embeddings_enter_at_unit_scale():
+    enc = ref.Encoder(50, 64, 4, 1)
+    scaled = enc.embedding.weight * math.sqrt(64)
+    assert 0.8 < scaled.std().item() < 1.2
+
+
+@given(seed=st.integers(0, 2**16), norm_first=st.booleans())
+def test_encoder_ignores_what_padding_holds(seed, norm_first):
+    torch.manual_seed(seed)
+    enc = ref.Encoder(10, 8, 2, 2, 16, 0.0, 12, norm_first).double().eval()
+    mask = _key_mask(3, 7, seed)
+    a = torch.randint(1, 10, (3, 7))
+    b = torch.where(mask, a, torch.randint(1, 10, (3, 7)))
+    with torch.no_grad():
+        ya, yb = enc(a, mask), enc(b, mask)
+    torch.testing.assert_close(ya[mask], yb[mask], rtol=1e-12, atol=1e-12)
+
+
+@given(seed=st.integers(0, 2**16), t=st.integers(1, 6))
+def test_decoder_position_t_never_sees_later_tokens(seed, t):
+    torch.manual_seed(seed)
+    dec = ref.Decoder(10, 8, 2, 2, 16, 0.0, 12).double().eval()
+    memory = torch.randn(2, 5, 8, dtype=torch.float64)
+    a = torch.randint(0, 10, (2, 7))
+    b = a.clone()
+    b[:, t:] = torch.randint(0, 10, (2, 7 - t))
+    with torch.no_grad():
+        torch.testing.assert_close(dec(a, memory)[:, :t], dec(b, memory)[:, :t], rtol=1e-12, atol=1e-12)
+
+
+def test_shift_right_and_the_dates_convention():
+    from attncourse import dates
+    batch = dates.encode_batch([("21 Nov 2026", "2026-11-21"), ("1.2.2003", "2003-02-01")])
+    assert torch.equal(ref.shift_right(batch.tgt_out, dates.BOS), batch.tgt_in)
+    assert torch.equal(ref.shift_right(torch.tensor([[5, 6, 7]]), 1), torch.tensor([[1, 5, 6]]))
+
+
+@given(seed=st.integers(0, 2**16), pad=st.sampled_from([0, 3]))
+def test_sequence_loss_is_the_mean_over_real_tokens(seed, pad):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 5, 6, generator=g, dtype=torch.float64)
+    target = torch.randint(0, 6, (3, 5), generator=g)
+    target[0, 3:] = pad
+    real = target != pad
+    expected = sum(-torch.log_softmax(logits[i, j], -1)[target[i, j]] for i, j in real.nonzero()) / real.sum()
+    torch.testing.assert_close(ref.sequence_loss(logits, target, pad), expected)
+
+
+@given(seed=st.integers(0, 2**16), batch=st.integers(1, 5), eos=st.integers(2, 6))
+def test_greedy_decode_matches_decoding_each_row_alone(seed, batch, eos):
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(7, 5, generator=g, dtype=torch.float64) * 1.5
+    memory = torch.randn(batch, 4, 5, generator=g, dtype=torch.float64)
+    mask = _key_mask(batch, 4, seed)
+    decode = prefix_decoder(weight)
+    out = ref.greedy_decode(decode, memory, mask, 1, eos, 9)
+    rows = []
+    for i in range(batch):                      # one sequence at a time, no batching, no padding logic
+        prefix = [1]
+        while len(prefix) <= 9 and (len(prefix) == 1 or prefix[-1] != eos):
+            prefix.append(int(decode(torch.tensor([prefix]), memory[i:i + 1], mask[i:i + 1])[0, -1].argmax()))
+        rows.append(prefix[1:])
+    width = max(len(r) for r in rows)
+    assert out.dtype == torch.long and out.shape == (batch, width)
+    for i, r in enumerate(rows):
+        assert out[i].tolist() == r + [0] * (width - len(r))

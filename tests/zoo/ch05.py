@@ -1,0 +1,418 @@
+"""Known-wrong implementations for chapter 05 (see tests/zoo/__init__.py).
+
+The blocks use the learner's LayerNorm and FeedForward, and the stacks use the blocks, so a wrong
+LayerNorm or FeedForward also fails the block and stack tests that exercise it.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attncourse_ref.transformer import FeedForward
+
+from . import collector
+
+VARIANTS, _add = collector()
+
+BLOCKS = {"test_encoder_block", "test_encoder_pre_norm", "test_decoder_block", "test_decoder_pre_norm"}
+STACKS = {"test_encoder", "test_decoder"}
+LAYER_NORM = {"test_layer_norm", "test_layer_norm_grad"} | BLOCKS | STACKS
+ENCODER = {"test_encoder_block", "test_encoder_pre_norm", "test_encoder"}
+DECODER = {"test_decoder_block", "test_decoder_pre_norm", "test_decoder"}
+
+
+# ---- LayerNorm.forward -------------------------------------------------------------------------------------
+@_add("unbiased variance (divides by D - 1)", "layer_norm", LAYER_NORM, "check_layer_norm", "unbiased")
+def ln_unbiased(self, x):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = x.var(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+@_add("eps outside the square root", "layer_norm", LAYER_NORM, "check_layer_norm", "inside the square root")
+def ln_eps_outside(self, x):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) / (torch.sqrt(var) + self.eps) * self.weight + self.bias
+
+
+@_add("no eps at all", "layer_norm", LAYER_NORM, "check_layer_norm", "sqrt(var + eps)")
+def ln_no_eps(self, x):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var) * self.weight + self.bias
+
+
+@_add("statistics over the wrong axis (the tokens)", "layer_norm", LAYER_NORM, "check_layer_norm", "over the tokens")
+def ln_wrong_axis(self, x):
+    mean = x.mean(dim=-2, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-2, keepdim=True)
+    return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+@_add("weight and bias swapped", "layer_norm", LAYER_NORM, "check_layer_norm", "swapped")
+def ln_swapped_affine(self, x):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + self.eps) * self.bias + self.weight
+
+
+@_add("variance as E[x^2] - E[x]^2 (cancellation in float32)", "layer_norm", {"test_layer_norm"},
+      "check_layer_norm", "mean(x^2) - mean(x)^2")
+def ln_naive_variance(self, x):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = (x * x).mean(dim=-1, keepdim=True) - mean * mean
+    return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+@_add("mean and variance detached from the graph", "layer_norm", {"test_layer_norm_grad"},
+      "check_layer_norm_grad", "detached")
+def ln_detached(self, x):
+    mean = x.mean(dim=-1, keepdim=True).detach()
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True).detach()
+    return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+# ---- FeedForward.forward --------------------------------------------------------------------------------------
+@_add("no activation between the linear layers", "feed_forward", {"test_feed_forward"} | BLOCKS | STACKS,
+      "check_feed_forward", "no nonlinearity")
+def ff_no_activation(self, x):
+    return self.linear2(self.dropout(self.linear1(x)))
+
+
+@_add("activation always ReLU", "feed_forward", {"test_feed_forward"} | BLOCKS, "check_feed_forward",
+      "still uses ReLU")
+def ff_always_relu(self, x):
+    return self.linear2(self.dropout(F.relu(self.linear1(x))))
+
+
+@_add("tanh approximation of GELU", "feed_forward", {"test_feed_forward"} | BLOCKS, "check_feed_forward",
+      "tanh approximation")
+def ff_gelu_tanh(self, x):
+    h = self.linear1(x)
+    h = F.gelu(h, approximate="tanh") if self.activation == "gelu" else F.relu(h)
+    return self.linear2(self.dropout(h))
+
+
+# ---- EncoderBlock.forward --------------------------------------------------------------------------------------
+@_add("encoder: norm_first ignored (always post-norm)", "encoder_block", {"test_encoder_pre_norm", "test_encoder"},
+      "check_encoder_pre_norm", "swapped")
+def enc_always_post(self, x, key_mask=None):
+    pad = None if key_mask is None else ~key_mask
+    x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False)[0]))
+    return self.norm2(x + self.dropout2(FeedForward.forward(self, x)))
+
+
+@_add("encoder: post-norm and pre-norm swapped", "encoder_block", ENCODER, "check_encoder_block", "swapped")
+def enc_swapped(self, x, key_mask=None):
+    pad = None if key_mask is None else ~key_mask
+    if not self.norm_first:
+        h = self.norm1(x)
+        x = x + self.dropout1(self.self_attn(h, h, h, key_padding_mask=pad, need_weights=False)[0])
+        return x + self.dropout2(FeedForward.forward(self, self.norm2(x)))
+    x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False)[0]))
+    return self.norm2(x + self.dropout2(FeedForward.forward(self, x)))
+
+
+@_add("encoder: no residual around self-attention", "encoder_block", ENCODER, "check_encoder_block", "residual")
+def enc_no_residual(self, x, key_mask=None):
+    pad = None if key_mask is None else ~key_mask
+    if self.norm_first:
+        h = self.norm1(x)
+        x = self.dropout1(self.self_attn(h, h, h, key_padding_mask=pad, need_weights=False)[0])
+        return x + self.dropout2(FeedForward.forward(self, self.norm2(x)))
+    x = self.norm1(self.dropout1(self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False)[0]))
+    return self.norm2(x + self.dropout2(FeedForward.forward(self, x)))
+
+
+@_add("encoder pre-norm: residual added to norm(x) instead of x", "encoder_block",
+      {"test_encoder_pre_norm", "test_encoder"}, "check_encoder_pre_norm", "residual")
+def enc_residual_from_norm(self, x, key_mask=None):
+    pad = None if key_mask is None else ~key_mask
+    if self.norm_first:
+        x = self.norm1(x)
+        x = x + self.dropout1(self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False)[0])
+        x = self.norm2(x)
+        return x + self.dropout2(FeedForward.forward(self, x))
+    x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False)[0]))
+    return self.norm2(x + self.dropout2(FeedForward.forward(self, x)))
+
+
+@_add("encoder: key mask passed as PyTorch's padding mask without inverting it", "encoder_block", ENCODER,
+      "check_encoder_block", "inverted")
+def enc_mask_not_inverted(self, x, key_mask=None):
+    def attend(h):
+        return self.dropout1(self.self_attn(h, h, h, key_padding_mask=key_mask, need_weights=False)[0])
+    if self.norm_first:
+        x = x + attend(self.norm1(x))
+        return x + self.dropout2(FeedForward.forward(self, self.norm2(x)))
+    x = self.norm1(x + attend(x))
+    return self.norm2(x + self.dropout2(FeedForward.forward(self, x)))
+
+
+@_add("encoder: key mask ignored", "encoder_block", ENCODER, "check_encoder_block", "padding is attended")
+def enc_mask_ignored(self, x, key_mask=None):
+    def attend(h):
+        return self.dropout1(self.self_attn(h, h, h, need_weights=False)[0])
+    if self.norm_first:
+        x = x + attend(self.norm1(x))
+        return x + self.dropout2(FeedForward.forward(self, self.norm2(x)))
+    x = self.norm1(x + attend(x))
+    return self.norm2(x + self.dropout2(FeedForward.forward(self, x)))
+
+
+# ---- DecoderBlock.forward ----------------------------------------------------------------------------------------
+# Each variant is self-contained: the fake class pastes its body into the notebook's cell.
+@_add("decoder: causal mask missing", "decoder_block", DECODER, "check_decoder_block", "sees the future")
+def dec_no_causal(self, x, memory, memory_mask=None):
+    pad = None if memory_mask is None else ~memory_mask
+    def self_block(h):
+        return self.dropout1(self.self_attn(h, h, h, need_weights=False)[0])
+    def cross_block(h):
+        return self.dropout2(self.multihead_attn(h, memory, memory, key_padding_mask=pad, need_weights=False)[0])
+    if self.norm_first:
+        x = x + self_block(self.norm1(x))
+        x = x + cross_block(self.norm2(x))
+        return x + self.dropout3(FeedForward.forward(self, self.norm3(x)))
+    x = self.norm1(x + self_block(x))
+    x = self.norm2(x + cross_block(x))
+    return self.norm3(x + self.dropout3(FeedForward.forward(self, x)))
+
+
+@_add("decoder: cross-attention with Q and K/V swapped", "decoder_block", DECODER, "check_decoder_block",
+      "queries from the encoder output")
+def dec_cross_swapped(self, x, memory, memory_mask=None):
+    n = x.shape[-2]
+    future = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+    def self_block(h):
+        return self.dropout1(self.self_attn(h, h, h, attn_mask=future, need_weights=False)[0])
+    def cross_block(h):
+        return self.dropout2(self.multihead_attn(memory, h, h, need_weights=False)[0])
+    if self.norm_first:
+        x = x + self_block(self.norm1(x))
+        x = x + cross_block(self.norm2(x))
+        return x + self.dropout3(FeedForward.forward(self, self.norm3(x)))
+    x = self.norm1(x + self_block(x))
+    x = self.norm2(x + cross_block(x))
+    return self.norm3(x + self.dropout3(FeedForward.forward(self, x)))
+
+
+@_add("decoder: memory mask ignored", "decoder_block", DECODER, "check_decoder_block", "padding is attended")
+def dec_mask_ignored(self, x, memory, memory_mask=None):
+    n = x.shape[-2]
+    future = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+    def self_block(h):
+        return self.dropout1(self.self_attn(h, h, h, attn_mask=future, need_weights=False)[0])
+    def cross_block(h):
+        return self.dropout2(self.multihead_attn(h, memory, memory, need_weights=False)[0])
+    if self.norm_first:
+        x = x + self_block(self.norm1(x))
+        x = x + cross_block(self.norm2(x))
+        return x + self.dropout3(FeedForward.forward(self, self.norm3(x)))
+    x = self.norm1(x + self_block(x))
+    x = self.norm2(x + cross_block(x))
+    return self.norm3(x + self.dropout3(FeedForward.forward(self, x)))
+
+
+@_add("decoder: norm_first ignored (always post-norm)", "decoder_block", {"test_decoder_pre_norm", "test_decoder"},
+      "check_decoder_pre_norm", "swapped")
+def dec_always_post(self, x, memory, memory_mask=None):
+    n = x.shape[-2]
+    future = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+    pad = None if memory_mask is None else ~memory_mask
+    x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, attn_mask=future, need_weights=False)[0]))
+    x = self.norm2(x + self.dropout2(self.multihead_attn(x, memory, memory, key_padding_mask=pad,
+                                                         need_weights=False)[0]))
+    return self.norm3(x + self.dropout3(FeedForward.forward(self, x)))
+
+
+@_add("decoder: no residual around cross-attention", "decoder_block", DECODER, "check_decoder_block", "residual")
+def dec_no_cross_residual(self, x, memory, memory_mask=None):
+    n = x.shape[-2]
+    future = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+    pad = None if memory_mask is None else ~memory_mask
+    def self_block(h):
+        return self.dropout1(self.self_attn(h, h, h, attn_mask=future, need_weights=False)[0])
+    def cross_block(h):
+        return self.dropout2(self.multihead_attn(h, memory, memory, key_padding_mask=pad, need_weights=False)[0])
+    if self.norm_first:
+        x = x + self_block(self.norm1(x))
+        x = cross_block(self.norm2(x))
+        return x + self.dropout3(FeedForward.forward(self, self.norm3(x)))
+    x = self.norm1(x + self_block(x))
+    x = self.norm2(cross_block(x))
+    return self.norm3(x + self.dropout3(FeedForward.forward(self, x)))
+
+
+# ---- Encoder.forward and Decoder.forward --------------------------------------------------------------------------
+@_add("encoder: embeddings not scaled by sqrt(D)", "encoder", {"test_encoder"}, "check_encoder", "not scaled")
+def encoder_unscaled(self, src, src_mask=None):
+    x = self.dropout(self.embedding(src) + self.pos_embedding(torch.arange(src.shape[-1], device=src.device)))
+    for layer in self.layers:
+        x = layer(x, src_mask)
+    return self.norm(x)
+
+
+@_add("encoder: embeddings scaled by D", "encoder", {"test_encoder"}, "check_encoder", "the scale is sqrt(d_model)")
+def encoder_scaled_by_d(self, src, src_mask=None):
+    positions = torch.arange(src.shape[-1], device=src.device)
+    x = self.dropout(self.embedding(src) * self.d_model + self.pos_embedding(positions))
+    for layer in self.layers:
+        x = layer(x, src_mask)
+    return self.norm(x)
+
+
+@_add("encoder: no positions", "encoder", {"test_encoder"}, "check_encoder", "no positional information")
+def encoder_no_positions(self, src, src_mask=None):
+    x = self.dropout(self.embedding(src) * math.sqrt(self.d_model))
+    for layer in self.layers:
+        x = layer(x, src_mask)
+    return self.norm(x)
+
+
+@_add("encoder: final LayerNorm of the pre-norm stack missing", "encoder", {"test_encoder"}, "check_encoder",
+      "one more LayerNorm")
+def encoder_no_final_norm(self, src, src_mask=None):
+    positions = torch.arange(src.shape[-1], device=src.device)
+    x = self.dropout(self.embedding(src) * math.sqrt(self.d_model) + self.pos_embedding(positions))
+    for layer in self.layers:
+        x = layer(x, src_mask)
+    return x
+
+
+@_add("decoder: embeddings not scaled by sqrt(D)", "decoder", {"test_decoder"}, "check_decoder", "not scaled")
+def decoder_unscaled(self, tgt_in, memory, memory_mask=None):
+    positions = torch.arange(tgt_in.shape[-1], device=tgt_in.device)
+    x = self.dropout(self.embedding(tgt_in) + self.pos_embedding(positions))
+    for layer in self.layers:
+        x = layer(x, memory, memory_mask)
+    return self.out(self.norm(x))
+
+
+@_add("decoder: no positions", "decoder", {"test_decoder"}, "check_decoder", "no positional information")
+def decoder_no_positions(self, tgt_in, memory, memory_mask=None):
+    x = self.dropout(self.embedding(tgt_in) * math.sqrt(self.d_model))
+    for layer in self.layers:
+        x = layer(x, memory, memory_mask)
+    return self.out(self.norm(x))
+
+
+@_add("decoder: memory mask not passed to the blocks", "decoder", {"test_decoder"}, "check_decoder",
+      "memory mask does not reach")
+def decoder_mask_dropped(self, tgt_in, memory, memory_mask=None):
+    positions = torch.arange(tgt_in.shape[-1], device=tgt_in.device)
+    x = self.dropout(self.embedding(tgt_in) * math.sqrt(self.d_model) + self.pos_embedding(positions))
+    for layer in self.layers:
+        x = layer(x, memory)
+    return self.out(self.norm(x))
+
+
+# ---- teacher forcing -------------------------------------------------------------------------------------------------
+@_add("target not shifted", "shift_right", {"test_shift_right"}, "check_shift_right", "not shifted")
+def shift_none(tgt, bos):
+    return tgt.clone()
+
+
+@_add("target shifted left", "shift_right", {"test_shift_right"}, "check_shift_right", "shifted left")
+def shift_left(tgt, bos):
+    return torch.cat([tgt[:, 1:], torch.zeros_like(tgt[:, :1])], dim=1)
+
+
+@_add("bos prepended without dropping the last token", "shift_right", {"test_shift_right"}, "check_shift_right",
+      "target's length")
+def shift_keeps_last(tgt, bos):
+    return torch.cat([torch.full_like(tgt[:, :1], bos), tgt], dim=1)
+
+
+@_add("padding counted in the loss", "sequence_loss", {"test_sequence_loss"}, "check_sequence_loss",
+      "padding is counted")
+def loss_with_padding(logits, target, pad=0):
+    return F.cross_entropy(logits.flatten(0, -2), target.flatten())
+
+
+@_add("loss summed over tokens", "sequence_loss", {"test_sequence_loss"}, "check_sequence_loss", "summed")
+def loss_summed(logits, target, pad=0):
+    return F.cross_entropy(logits.flatten(0, -2), target.flatten(), ignore_index=pad, reduction="sum")
+
+
+@_add("mean of per-sequence means", "sequence_loss", {"test_sequence_loss"}, "check_sequence_loss",
+      "each sequence's mean")
+def loss_mean_of_means(logits, target, pad=0):
+    per_token = F.cross_entropy(logits.transpose(1, 2), target, ignore_index=pad, reduction="none")
+    real = (target != pad).to(logits.dtype)
+    return ((per_token * real).sum(1) / real.sum(1)).mean()
+
+
+@_add("pad argument ignored (always 0)", "sequence_loss", {"test_sequence_loss"}, "check_sequence_loss",
+      "pad argument")
+def loss_pad_zero(logits, target, pad=0):
+    return F.cross_entropy(logits.flatten(0, -2), target.flatten(), ignore_index=0)
+
+
+# ---- greedy decoding ----------------------------------------------------------------------------------------------------
+@_add("greedy decoding not stopping at the end token", "greedy_decode", {"test_greedy_decode"},
+      "check_greedy_decode", "runs to max_len")
+def greedy_no_stop(decode, memory, memory_mask, bos, eos, max_len, pad=0):
+    prefix = torch.full((memory.shape[0], 1), bos, dtype=torch.long)
+    done = torch.zeros(memory.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        y = decode(prefix, memory, memory_mask)[:, -1].argmax(dim=-1)
+        prefix = torch.cat([prefix, y.masked_fill(done, pad)[:, None]], dim=1)
+        done = done | (y == eos)
+    return prefix[:, 1:]
+
+
+@_add("greedy decoding without pad after eos", "greedy_decode", {"test_greedy_decode"}, "check_greedy_decode",
+      "write pad")
+def greedy_no_pad(decode, memory, memory_mask, bos, eos, max_len, pad=0):
+    prefix = torch.full((memory.shape[0], 1), bos, dtype=torch.long)
+    done = torch.zeros(memory.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        y = decode(prefix, memory, memory_mask)[:, -1].argmax(dim=-1)
+        prefix = torch.cat([prefix, y[:, None]], dim=1)
+        done = done | (y == eos)
+        if bool(done.all()):
+            break
+    return prefix[:, 1:]
+
+
+@_add("greedy decoding feeding only the last token", "greedy_decode", {"test_greedy_decode"}, "check_greedy_decode",
+      "only the last token")
+def greedy_last_only(decode, memory, memory_mask, bos, eos, max_len, pad=0):
+    prefix = torch.full((memory.shape[0], 1), bos, dtype=torch.long)
+    done = torch.zeros(memory.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        y = decode(prefix[:, -1:], memory, memory_mask)[:, -1].argmax(dim=-1)
+        prefix = torch.cat([prefix, y.masked_fill(done, pad)[:, None]], dim=1)
+        done = done | (y == eos)
+        if bool(done.all()):
+            break
+    return prefix[:, 1:]
+
+
+@_add("greedy decoding returning bos", "greedy_decode", {"test_greedy_decode"}, "check_greedy_decode",
+      "leave bos out")
+def greedy_keeps_bos(decode, memory, memory_mask, bos, eos, max_len, pad=0):
+    prefix = torch.full((memory.shape[0], 1), bos, dtype=torch.long)
+    done = torch.zeros(memory.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        y = decode(prefix, memory, memory_mask)[:, -1].argmax(dim=-1)
+        prefix = torch.cat([prefix, y.masked_fill(done, pad)[:, None]], dim=1)
+        done = done | (y == eos)
+        if bool(done.all()):
+            break
+    return prefix
+
+
+@_add("greedy decoding reading the first position's logits", "greedy_decode", {"test_greedy_decode"},
+      "check_greedy_decode", "logits[:, -1]")
+def greedy_first_position(decode, memory, memory_mask, bos, eos, max_len, pad=0):
+    prefix = torch.full((memory.shape[0], 1), bos, dtype=torch.long)
+    done = torch.zeros(memory.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        y = decode(prefix, memory, memory_mask)[:, 0].argmax(dim=-1)
+        prefix = torch.cat([prefix, y.masked_fill(done, pad)[:, None]], dim=1)
+        done = done | (y == eos)
+        if bool(done.all()):
+            break
+    return prefix[:, 1:]
