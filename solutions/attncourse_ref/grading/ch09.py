@@ -1,0 +1,199 @@
+"""Hidden tests for chapter 09: the pieces of a real training run."""
+import math
+
+import numpy as np
+import torch
+
+from .. import training as ref
+from . import function_case, hidden_test, raises_case, ranks_case
+
+DTYPES = [torch.float32, torch.float64]
+CLIP_BUILTINS = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_",
+                 "torch.nn.utils.get_total_norm", "torch.nn.utils.clip_grad.get_total_norm",
+                 "torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grad.clip_grad_norm",
+                 "torch.nn.utils.clip_grads_with_norm_", "torch.nn.utils.clip_grad.clip_grads_with_norm_")
+
+
+def _schedule(rng, warmup=None):
+    """(max_lr, min_lr, warmup_steps, max_steps) with a real warmup and a real decay."""
+    max_lr = float(rng.choice([6e-4, 1e-3, 3e-3, 0.1, 1.0]))
+    min_lr = max_lr * float(rng.choice([0.0, 0.1, 0.25]))
+    warmup = int(rng.integers(1, 40)) if warmup is None else warmup
+    return max_lr, min_lr, warmup, warmup + int(rng.integers(2, 300))
+
+
+@hidden_test("ch09.lr_warmup")
+def lr_warmup(rng):
+    cases = []
+    for i in range(8):
+        max_lr, min_lr, warmup, max_steps = _schedule(rng, warmup=1 if i == 0 else None)
+        for step in sorted({0, warmup - 1, int(rng.integers(0, warmup))}):
+            cases.append(function_case(ref.lr_at, [step, max_lr, min_lr, warmup, max_steps]))
+    return cases
+
+
+@hidden_test("ch09.lr_cosine")
+def lr_cosine(rng):
+    cases = []
+    for i in range(8):
+        max_lr, min_lr, warmup, max_steps = _schedule(rng, warmup=0 if i < 2 else None)
+        span = max_steps - warmup
+        steps = {warmup, warmup + span // 2, warmup + int(rng.integers(0, span)), max_steps - 1, max_steps,
+                 max_steps + int(rng.integers(1, 100))}
+        cases += [function_case(ref.lr_at, [s, max_lr, min_lr, warmup, max_steps]) for s in sorted(steps)]
+    return cases
+
+
+@hidden_test("ch09.micro_batch_loss")
+def micro_batch_loss(rng):
+    cases = []
+    for i in range(8):
+        b, t, v = (int(x) for x in rng.integers(1, 6, size=3)) if i else (1, 1, 2)
+        dtype = DTYPES[i % 2]
+        logits = torch.from_numpy(rng.standard_normal((b, t, v + 1)) * 2).to(dtype)
+        targets = torch.from_numpy(rng.integers(0, v + 1, size=(b, t)))
+        accum = int(rng.integers(1, 9)) if i != 1 else 1
+        cases.append(function_case(ref.micro_batch_loss, [logits, targets, accum], rng=rng, grad_args=(0,)))
+    return cases
+
+
+def _grads(rng, dtype, scale):
+    shapes = [tuple(int(s) for s in rng.integers(1, 5, size=int(rng.integers(0, 3)))) for _ in range(int(rng.integers(1, 5)))]
+    return [torch.from_numpy(np.asarray(rng.standard_normal(s) * scale)).to(dtype) for s in shapes]
+
+
+def _describe_grads(grads, max_norm, norm):
+    shapes = ", ".join(str(list(g.shape)) for g in grads)
+    return f"(grads of shapes {shapes} in {str(grads[0].dtype).replace('torch.', '')}, total norm {norm:.4g}, max_norm={max_norm:.4g})"
+
+
+@hidden_test("ch09.clip_grad_norm", forbid=CLIP_BUILTINS)
+def clip_grad_norm(rng):
+    cases = []
+    for i in range(10):
+        dtype = DTYPES[i % 2]
+        grads = _grads(rng, dtype, scale=float(rng.choice([1e-3, 0.5, 3.0])))
+        norm = float(ref.clip_grad_norm(grads, 1.0)[0])
+        # Clip hard, clip a little, leave alone (max_norm above the norm), tiny norms where the 1e-6 matters.
+        max_norm = [norm * 0.1, norm * 0.9, norm * 2.0, norm + 1.0, 1e-6 + norm * 0.5][i % 5]
+        cases.append(function_case(ref.clip_grad_norm, [grads, max_norm], describe=_describe_grads(grads, max_norm, norm)))
+    zeros = [torch.zeros(3, 2), torch.zeros(4)]
+    cases.append(function_case(ref.clip_grad_norm, [zeros, 1.0], describe=_describe_grads(zeros, 1.0, 0.0)))
+    return cases
+
+
+@hidden_test("ch09.flops_per_token")
+def flops_per_token(rng):
+    cases = [function_case(ref.flops_per_token, [124_475_904, 786_432, 12, 768, 1024])]     # GPT-2 small
+    for _ in range(7):
+        n_layer, n_embd = int(rng.integers(1, 13)), 64 * int(rng.integers(1, 13))
+        seq_len, vocab = int(rng.choice([64, 128, 256, 1024])), int(rng.integers(50, 60_000))
+        n_embedding = seq_len * n_embd + (vocab * n_embd if rng.random() < 0.5 else 0)
+        n_params = n_embedding + 12 * n_layer * n_embd ** 2 + int(rng.integers(0, 10_000))
+        cases.append(function_case(ref.flops_per_token, [n_params, n_embedding, n_layer, n_embd, seq_len]))
+    return cases
+
+
+@hidden_test("ch09.mfu")
+def mfu(rng):
+    cases = []
+    for i in range(8):
+        fpt = float(rng.uniform(1e6, 2e9))
+        peak = float(rng.choice([65e12, 312e12, 989e12, 2e11]))
+        devices = [1, 2, 8, 64][i % 4]
+        tok_s = float(rng.uniform(0.05, 0.6)) * peak * devices / fpt
+        cases.append(function_case(ref.mfu, [fpt, tok_s, peak, devices]))
+    cases.append(function_case(ref.mfu, [8.5e8, 1.3e5, 312e12]))          # n_devices defaults to 1
+    return cases
+
+
+@hidden_test("ch09.shard_indices")
+def shard_indices(rng):
+    cases = []
+    for world in (1, 2, 3, 4, 8):
+        n = world * int(rng.integers(1, 7))
+        cases += [function_case(ref.shard_indices, [n, r, world]) for r in range(world)]
+    cases += [raises_case([10, 0, 3], exception="ValueError"), raises_case([7, 1, 2], exception="ValueError"),
+              raises_case([8, 2, 2], exception="ValueError"), raises_case([8, -1, 2], exception="ValueError")]
+    return cases
+
+
+@hidden_test("ch09.all_reduce_mean")
+def all_reduce_mean(rng):
+    cases = []
+    for i in range(6):
+        dtype = DTYPES[i % 2]
+        world = [2, 3, 2, 4, 2, 3][i]
+        counts = [float(rng.integers(1, 200)) for _ in range(world)]
+        sums = [c * float(rng.uniform(1.0, 5.0)) for c in counts]
+        per_rank = [[torch.tensor(s, dtype=dtype), torch.tensor(c, dtype=dtype)] for s, c in zip(sums, counts)]
+        text = f"on {world} ranks ({str(dtype).replace('torch.', '')}): " + ", ".join(
+            f"rank {r} loss_sum={s_:.4g} count={c:g}" for r, (s_, c) in enumerate(zip(sums, counts)))
+        cases.append(ranks_case(ref.all_reduce_mean, per_rank, describe=text))
+    # One process, no process group: the plain mean.
+    cases.append(function_case(ref.all_reduce_mean, [torch.tensor(12.5, dtype=torch.float64),
+                                                     torch.tensor(5.0, dtype=torch.float64)],
+                               describe="in one process without a process group: loss_sum=12.5, count=5"))
+    return cases
+
+
+# ---- the visible checks' stored cases ------------------------------------------------------
+
+def _zoo_schedules(step, max_lr, min_lr, warmup, max_steps):
+    """Known-wrong schedules, stored so the visible check can name the one a learner wrote."""
+    def cosine(progress, floor=min_lr):
+        return floor + 0.5 * (1 + math.cos(math.pi * progress)) * (max_lr - floor)
+    if step < warmup:
+        return {"off_by_one": max_lr * step / warmup}
+    p = min((step - warmup) / (max_steps - warmup), 1.0)
+    return {"to_zero": cosine(p, 0.0), "over_max_steps": cosine(min((step - warmup) / max_steps, 1.0)) if step < max_steps else min_lr,
+            "no_warmup_offset": cosine(min(step / max_steps, 1.0)) if step < max_steps else min_lr,
+            "keeps_going": cosine((step - warmup) / (max_steps - warmup))}
+
+
+def _plain(tensors):
+    """A list of tensors as nested lists (the check-data writer encodes tensors, not lists of them)."""
+    return [t.tolist() for t in tensors]
+
+
+def check_data():
+    """Fixed inputs and expected values for the visible checks (tools/make_check_data.py writes them)."""
+    sched = {"max_lr": 1e-3, "min_lr": 1e-4, "warmup": 10, "max_steps": 50}
+    steps = list(range(0, 61))
+    args = [sched["max_lr"], sched["min_lr"], sched["warmup"], sched["max_steps"]]
+    lr = {"schedule": sched, "steps": steps, "lr": [ref.lr_at(s, *args) for s in steps],
+          "mistakes": {name: [_zoo_schedules(s, *args).get(name) for s in steps]
+                       for name in ("off_by_one", "to_zero", "over_max_steps", "no_warmup_offset", "keeps_going")}}
+
+    g = torch.Generator().manual_seed(9)
+    logits = (torch.randn(3, 5, 7, generator=g, dtype=torch.float64) * 200).round() / 100
+    targets = torch.randint(0, 7, (3, 5), generator=g)
+    mean = torch.nn.functional.cross_entropy(logits.reshape(-1, 7), targets.reshape(-1))
+    accum = {"logits": logits, "targets": targets, "accum_steps": 4,
+             "loss": ref.micro_batch_loss(logits, targets, 4).item(), "mean_loss": mean.item(),
+             "sum_loss": torch.nn.functional.cross_entropy(logits.reshape(-1, 7), targets.reshape(-1),
+                                                           reduction="sum").item()}
+
+    grads = [(torch.randn(3, 4, generator=g, dtype=torch.float64) * 100).round() / 100,
+             (torch.randn(4, generator=g, dtype=torch.float64) * 100).round() / 100,
+             torch.tensor([[3.0, -4.0]], dtype=torch.float64)]
+    clip = {"grads": _plain(grads), "cases": []}
+    for max_norm in (1.0, 100.0, 3.0):
+        norm, clipped = ref.clip_grad_norm(grads, max_norm)
+        per_param = [g_ * (max_norm / (g_.norm() + 1e-6)).clamp(max=1.0) for g_ in grads]
+        clip["cases"].append({"max_norm": max_norm, "norm": norm.item(), "clipped": _plain(clipped),
+                              "per_param": _plain(per_param),
+                              "no_eps": _plain(g_ * min(max_norm / norm.item(), 1.0) for g_ in grads)})
+    # Norm 5e-7, max_norm 1e-7: here the 1e-6 in max_norm / (total_norm + 1e-6) changes the factor threefold.
+    tiny = [torch.tensor([[3e-7, -4e-7]], dtype=torch.float64)]
+    clip["tiny"] = {"grads": _plain(tiny), "max_norm": 1e-7, "factor": (ref.clip_grad_norm(tiny, 1e-7)[1][0] / tiny[0])[0, 0].item()}
+
+    gpt2 = {"n_params": 124_475_904, "n_embedding": 786_432, "n_layer": 12, "n_embd": 768, "seq_len": 1024}
+    flops = {"gpt2": gpt2, "expected": ref.flops_per_token(**gpt2),
+             "with_embedding": ref.flops_per_token(gpt2["n_params"], 0, 12, 768, 1024),
+             "no_attention": 6 * (gpt2["n_params"] - gpt2["n_embedding"]),
+             "forward_only": 2 * (gpt2["n_params"] - gpt2["n_embedding"]) + 4 * 12 * 768 * 1024}
+    util = {"args": [8.5e8, 4.0e5, 312e12, 8], "expected": ref.mfu(8.5e8, 4.0e5, 312e12, 8),
+            "one_device": ref.mfu(8.5e8, 4.0e5, 312e12, 1)}
+    shard = {"n": 12, "world_size": 3, "shards": _plain(ref.shard_indices(12, r, 3) for r in range(3))}
+    return {"lr": lr, "accum": accum, "clip": clip, "flops": flops, "mfu": util, "shard": shard}

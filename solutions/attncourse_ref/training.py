@@ -1,0 +1,103 @@
+"""Chapter 09: the pieces of a real training run (reference implementation).
+
+The learner's versions of these functions are what the generic training program
+(attncourse.lab.train) calls at every step; see chapters/ch09/gpu_lab.ipynb.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def lr_at(step, max_lr, min_lr, warmup_steps, max_steps):
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine decay to a floor.
+
+    Steps 0 .. warmup_steps - 1 climb linearly: step s gets max_lr * (s + 1) / warmup_steps, so the
+    last warmup step reaches max_lr.  From warmup_steps to max_steps the rate follows half a cosine
+    from max_lr down to min_lr; at step max_steps and after it stays at min_lr.
+    Returns a Python float.
+    """
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= max_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (max_steps - warmup_steps)     # 0 -> 1 over the decay
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def micro_batch_loss(logits, targets, accum_steps):
+    """The loss to backpropagate for one of ``accum_steps`` micro-batches of an optimizer step.
+
+    logits [B, T, V] float, targets [B, T] long.  The mean next-token cross-entropy of this
+    micro-batch divided by accum_steps, so that the gradients summed over the accum_steps
+    micro-batches equal the gradient of the mean loss over the whole (large) batch.
+    Returns a 0-dim tensor of the logits' dtype.
+    """
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return loss / accum_steps
+
+
+def clip_grad_norm(grads, max_norm):
+    """Global gradient-norm clipping, as torch.nn.utils.clip_grad_norm_ does it, without modifying ``grads``.
+
+    grads: list of tensors (one per parameter, all of one float dtype).  The total norm is the L2
+    norm of all their entries together.  If it exceeds max_norm, every gradient is multiplied by
+    the same factor max_norm / (total_norm + 1e-6); otherwise they are returned unchanged.
+    Returns (total_norm, clipped): total_norm a 0-dim tensor (the norm before clipping),
+    clipped a list of new tensors in the order of ``grads``.
+    """
+    total_norm = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
+    scale = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    return total_norm, [g * scale for g in grads]
+
+
+def flops_per_token(n_params, n_embedding, n_layer, n_embd, seq_len):
+    """Training FLOPs per token of a GPT: 6 N plus the attention term 12 * n_layer * n_embd * seq_len.
+
+    N = n_params - n_embedding: the parameters that take part in matrix products.  n_embedding
+    counts the parameters of tables that are only looked up (position table; the token table
+    too unless it is tied to the output head, whose matrix product is real compute).  Each such
+    parameter costs 2 FLOPs per token forward and 4 backward (6 N).  Attention adds the two
+    [T x T] products (scores and weighted sum), 2 * 2 * n_layer * seq_len * n_embd forward,
+    three times that with the backward pass.  Returns an int.
+    """
+    n = n_params - n_embedding
+    return 6 * n + 12 * n_layer * n_embd * seq_len
+
+
+def mfu(flops_per_token, tokens_per_second, peak_flops, n_devices=1):
+    """Model FLOPs utilisation: the fraction (0..1) of the devices' peak that training achieves.
+
+    tokens_per_second counts the tokens of all devices together; peak_flops is one device's
+    peak (FLOP/s).  Returns a Python float.
+    """
+    return flops_per_token * tokens_per_second / (peak_flops * n_devices)
+
+
+def shard_indices(n, rank, world_size):
+    """The rows of a global batch of n rows that process ``rank`` of ``world_size`` works on.
+
+    Contiguous, equal blocks in rank order: rank r gets rows r * n / W .. (r + 1) * n / W - 1.
+    Raises ValueError if world_size does not divide n or rank is not in 0 .. world_size - 1.
+    Returns a 1-D long tensor.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+    if n % world_size:
+        raise ValueError(f"a batch of {n} rows does not split evenly over {world_size} processes")
+    per_rank = n // world_size
+    return torch.arange(rank * per_rank, (rank + 1) * per_rank)
+
+
+def all_reduce_mean(loss_sum, count):
+    """The mean loss over every process: sum of all ranks' loss sums / sum of all ranks' counts.
+
+    loss_sum and count: 0-dim float tensors of one dtype (this process's summed per-token loss and
+    its number of tokens).  Uses torch.distributed.all_reduce with SUM on the default group when
+    torch.distributed is initialised; otherwise this is the only process.  Does not modify its
+    inputs.  Returns a 0-dim tensor of loss_sum's dtype, the same on every rank.
+    """
+    totals = torch.stack([loss_sum, count])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(totals, op=torch.distributed.ReduceOp.SUM)
+    return totals[0] / totals[1]

@@ -1,0 +1,238 @@
+"""The chapter 09 training program: DDP equivalence under torchrun, exact resumption, clear messages for bad input."""
+import csv
+import linecache
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attncourse import lab
+from attncourse.lab import data, hardware, learner, train
+from attncourse.lab.fallback import FallbackGPT
+from attncourse.lab.ranks import run_ranks
+
+REFERENCE_LAB = "from attncourse_ref.training import *  # noqa: F401,F403\nfrom attncourse.lab.fallback import FallbackGPT as GPT\n"
+TINY = ["--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--warmup-steps", "3",
+        "--eval-interval", "4", "--eval-batches", "2", "--log-interval", "1", "--sample-tokens", "0", "--quiet",
+        "--threads", "1"]
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    (tmp_path / "mylab.py").write_text(REFERENCE_LAB)
+    return tmp_path
+
+
+def log(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def run_cli(args, cwd):
+    return train.main([*args, "--code", str(cwd / "mylab.py")])
+
+
+def test_resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit(workdir):
+    args = TINY + ["--max-steps", "12", "--batch-size", "4", "--dropout", "0.1"]
+    assert run_cli(args + ["--out-dir", str(workdir / "once")], workdir) == 0
+    assert run_cli(args + ["--out-dir", str(workdir / "resumed"), "--stop-after", "5"], workdir) == 0
+    assert len(log(workdir / "resumed" / "log.csv")) == 5
+    assert run_cli(args + ["--out-dir", str(workdir / "resumed"), "--resume"], workdir) == 0
+    once, resumed = log(workdir / "once" / "log.csv"), log(workdir / "resumed" / "log.csv")
+    assert [r["step"] for r in once] == [r["step"] for r in resumed] == [str(s) for s in range(1, 13)]
+    # repr() of the float in the CSV: equal strings mean equal to the last bit
+    assert [r["train_loss"] for r in once] == [r["train_loss"] for r in resumed]
+    assert [r["grad_norm"] for r in once] == [r["grad_norm"] for r in resumed]
+    assert [r["lr"] for r in once] == [r["lr"] for r in resumed]
+    both = [(a["val_loss"], b["val_loss"]) for a, b in zip(once, resumed) if a["val_loss"] and b["val_loss"]]
+    assert both and all(a == b for a, b in both)
+    ckpt = torch.load(workdir / "resumed" / "ckpt.pt", weights_only=False)
+    assert {"model", "optimizer", "step", "sampler", "rng", "config"} <= set(ckpt) and ckpt["step"] == 12
+
+
+def test_resume_refuses_a_different_schedule(workdir, capsys):
+    args = TINY + ["--batch-size", "4", "--out-dir", str(workdir / "run")]
+    assert run_cli(args + ["--max-steps", "6", "--stop-after", "3"], workdir) == 0
+    assert run_cli(args + ["--max-steps", "9", "--resume"], workdir) == 2
+    assert "max_steps=6" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one_process_with_the_combined_batch(workdir):
+    """torchrun --nproc_per_node=2 (gloo, loopback rendezvous), 4 rows each == 1 process with 8 rows."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    common = TINY + ["--max-steps", "6", "--code", "mylab.py"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    one = subprocess.run([sys.executable, "-m", "attncourse.lab.train", *common, "--batch-size", "8",
+                          "--out-dir", "one"], cwd=workdir, capture_output=True, text=True, env=env, timeout=300)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "attncourse.lab.train", *common,
+                          "--batch-size", "4", "--out-dir", "two"], cwd=workdir, capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert two.returncode == 0, two.stdout + two.stderr
+    a, b = log(workdir / "one" / "log.csv"), log(workdir / "two" / "log.csv")
+    assert len(a) == len(b) == 6
+    for ra, rb in zip(a, b):
+        assert float(ra["train_loss"]) == pytest.approx(float(rb["train_loss"]), rel=1e-5)
+        assert float(ra["grad_norm"]) == pytest.approx(float(rb["grad_norm"]), rel=1e-4)
+        if ra["val_loss"]:
+            assert float(ra["val_loss"]) == pytest.approx(float(rb["val_loss"]), rel=1e-5)
+    assert float(a[-1]["train_loss"]) < float(a[0]["train_loss"])          # it learns
+    w1 = torch.load(workdir / "one" / "ckpt.pt", weights_only=False)["model"]
+    w2 = torch.load(workdir / "two" / "ckpt.pt", weights_only=False)["model"]
+    for k in w1:
+        # Adam moves a weight by about lr per step whatever its gradient's size, so rounding-level
+        # differences in tiny gradients can show up at the scale of the learning rate (1e-3).
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-3, atol=1e-4)
+
+
+def test_run_outputs_plot_sample_and_summary(workdir):
+    out = workdir / "run"
+    args = [a for a in TINY if a not in ("--sample-tokens", "0")] + ["--max-steps", "4", "--batch-size", "4",
+                                                                      "--sample-tokens", "20", "--out-dir", str(out)]
+    assert run_cli(args, workdir) == 0
+    assert (out / "loss.png").stat().st_size > 1000
+    summary = __import__("json").loads((out / "summary.json").read_text())
+    assert len(summary["sample"]) == 20 and summary["steps"] == 4 and summary["val_loss"] > 0
+
+
+def test_time_budget_run_ends_on_time_at_the_floor(workdir):
+    out = workdir / "timed"
+    start = __import__("time").perf_counter()
+    assert run_cli(TINY + ["--max-steps", "0", "--time-budget", "4", "--batch-size", "4", "--lr", "1e-3",
+                           "--min-lr", "1e-4", "--out-dir", str(out)], workdir) == 0
+    assert __import__("time").perf_counter() - start < 4 + 10          # set-up and saving on top of the budget
+    ckpt = torch.load(out / "ckpt.pt", weights_only=False)
+    assert ckpt["config"]["max_steps"] > train.CALIBRATION_STEPS and ckpt["step"] > train.CALIBRATION_STEPS
+    last = log(out / "log.csv")[-1]
+    assert float(last["lr"]) < 1e-4 + 0.2 * (1e-3 - 1e-4)               # the cosine got (close) to its floor
+
+
+def test_the_clock_driven_schedule_step():
+    # halfway through the time after the warmup: halfway through the decay steps
+    assert train.schedule_step(7, now=15.0, warm_end=10.0, deadline=20.0, max_steps=110, warmup_steps=10) == 60
+    assert train.schedule_step(9, now=30.0, warm_end=10.0, deadline=20.0, max_steps=110, warmup_steps=10) == 109
+
+
+# ---- bad input: clear messages ------------------------------------------------------------------
+
+BAD = {
+    "missing": (None, "run the export cell"),
+    "syntax": ("def lr_at(:\n", "importing"),
+    "functions": ("from attncourse.lab.fallback import FallbackGPT as GPT\n", "does not define lr_at"),
+    "class name": ("from attncourse_ref.training import *\nfrom attncourse.lab.fallback import FallbackGPT as MyGPT\n",
+                   "no model class 'GPT' (its nn.Module classes are MyGPT)"),
+    "tuple": ("from attncourse_ref.training import *\nfrom attncourse.lab.fallback import FallbackGPT\n"
+              "class GPT(FallbackGPT):\n    def forward(self, idx):\n        return super().forward(idx), None\n",
+              "logits alone"),
+    "last position": ("from attncourse_ref.training import *\nfrom attncourse.lab.fallback import FallbackGPT\n"
+                      "class GPT(FallbackGPT):\n    def forward(self, idx):\n        return super().forward(idx)[:, -1]\n",
+                      "last position only"),
+    "stub": ("from attncourse_ref.training import *\nfrom attncourse.lab.fallback import FallbackGPT as GPT\n"
+             "def clip_grad_norm(grads, max_norm):\n    raise NotImplementedError()\n",
+             "clip_grad_norm in"),
+    "signature": ("from attncourse_ref.training import *\nimport torch\n"
+                  "class GPT(torch.nn.Module):\n    def __init__(self, config):\n        super().__init__()\n",
+                  "must accept the arguments GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout=0.0)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_learner_module_gets_a_clear_message(tmp_path, capsys, case):
+    source, says = BAD[case]
+    if source is not None:
+        (tmp_path / "mylab.py").write_text(source)
+    status = train.main(TINY + ["--max-steps", "2", "--code", str(tmp_path / "mylab.py"), "--out-dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("error: ") and says in err, err
+    assert "Traceback" not in err
+
+
+def test_fallback_flag_needs_no_model_class(tmp_path):
+    (tmp_path / "mylab.py").write_text("from attncourse_ref.training import *\n")
+    assert train.main(TINY + ["--max-steps", "2", "--model", "fallback", "--code", str(tmp_path / "mylab.py"),
+                              "--out-dir", str(tmp_path / "o")]) == 0
+
+
+# ---- export from notebook cells ------------------------------------------------------------------
+
+def _ipython_cell(source, number):
+    """Define ``source`` the way IPython does: compiled under a fake file name kept in linecache."""
+    name = f"/tmp/ipykernel_0/{number}.py"
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, name, "exec"), namespace)
+    return namespace
+
+
+def test_export_copies_definitions_of_the_defining_cells_only(tmp_path):
+    cell1 = _ipython_cell("import math\ndef lr_at(step, a, b, w, m):\n    return 0.5\nprint('not exported')\n", 1)
+    cell2 = _ipython_cell("from torch import nn\nSCALE = 2\nclass Block(nn.Module):\n    pass\n"
+                          "class MyGPT(nn.Module):\n    def forward(self, idx):\n        return idx * SCALE\n"
+                          "model = MyGPT()\n", 2)
+    path = lab.export(tmp_path / "mylab.py", cell1["lr_at"], GPT=cell2["MyGPT"])
+    text = path.read_text()
+    assert "print(" not in text and "model = MyGPT()" not in text
+    assert "SCALE = 2" in text and "class Block" in text and "GPT = MyGPT" in text
+    module = learner.load(path, need=("lr_at",))
+    assert module.lr_at(0, 1, 1, 1, 1) == 0.5 and module.GPT is module.MyGPT
+    path = lab.export(tmp_path / "fallback.py", cell1["lr_at"], GPT=FallbackGPT)
+    assert "from attncourse.lab.fallback import FallbackGPT as GPT" in path.read_text()
+
+
+# ---- pieces -----------------------------------------------------------------------------------------
+
+def test_fallback_model_is_causal_and_tied():
+    torch.manual_seed(0)
+    model = FallbackGPT(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16).eval()
+    idx = torch.randint(0, 11, (2, 8))
+    changed = idx.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % 11
+    a, b = model(idx), model(changed)
+    assert a.shape == (2, 8, 11)
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+    assert model.head.weight is model.tok_emb.weight
+    assert train.embedding_params(model, 11) == 8 * 16          # only the position table
+
+
+def test_data_is_tokenised_once_and_the_sampler_state_round_trips():
+    corpus = data.load()
+    assert corpus.vocab_size == len(corpus.chars) and len(corpus.val) > 0.09 * (len(corpus.train) + len(corpus.val))
+    assert corpus.decode(corpus.encode("To be, or not")) == "To be, or not"
+    s = data.BatchSampler(len(corpus.train), 16, 4, seed=3)
+    s.next()
+    state = s.state_dict()
+    a = s.next()
+    s.load_state_dict(state)
+    assert torch.equal(a, s.next())
+    x, y = data.rows(corpus.train, a, 16)
+    assert x.shape == y.shape == (4, 16) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_peak_table():
+    assert hardware.gpu_peak_tflops("NVIDIA A100-SXM4-80GB") == 312
+    assert hardware.gpu_peak_tflops("NVIDIA H100 80GB HBM3") == 989
+    assert hardware.gpu_peak_tflops("NVIDIA H100 PCIe") == 756
+    assert hardware.gpu_peak_tflops("NVIDIA L40S") == 362 and hardware.gpu_peak_tflops("NVIDIA L4") == 121
+    assert hardware.gpu_peak_tflops("NVIDIA A10G") is None and hardware.gpu_peak_tflops("Some GPU") is None
+
+
+def test_run_ranks_reports_hangs_and_errors():
+    def one_sided(x):
+        if torch.distributed.get_rank() == 0:
+            torch.distributed.all_reduce(x)
+        return x
+
+    with pytest.raises(TimeoutError, match="same collective calls"):
+        run_ranks(one_sided, [(torch.ones(1),), (torch.ones(1),)], timeout=2)
+
+    def broken(x):
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        run_ranks(broken, [(torch.ones(1),), (torch.ones(1),)])
+    assert not torch.distributed.is_initialized()

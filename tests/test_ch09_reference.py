@@ -1,0 +1,173 @@
+"""The chapter 09 reference against PyTorch's own schedulers, clipping, FLOP counter and gloo, and its properties."""
+import math
+import os
+import socket
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attncourse.lab.fallback import FallbackGPT
+from attncourse.lab.ranks import run_ranks
+from attncourse.lab.train import embedding_params
+from attncourse_ref import training as ref
+
+
+@given(warmup=st.integers(1, 30), decay=st.integers(1, 200), max_lr=st.floats(1e-5, 1.0),
+       floor=st.floats(0.0, 0.5))
+def test_lr_matches_torch_linear_then_cosine_schedulers(warmup, decay, max_lr, floor):
+    """torch.optim.lr_scheduler: LinearLR over the warmup, then CosineAnnealingLR down to eta_min."""
+    min_lr = max_lr * floor
+    max_steps = warmup + decay
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=max_lr)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1 / warmup, end_factor=1.0, total_iters=max(warmup - 1, 1))
+    cos = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=decay, eta_min=min_lr)
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [warm, cos], milestones=[warmup])
+    for step in range(max_steps + 1):
+        expected = opt.param_groups[0]["lr"]
+        assert ref.lr_at(step, max_lr, min_lr, warmup, max_steps) == pytest.approx(expected, rel=1e-9, abs=1e-15)
+        opt.step()
+        sched.step()
+    assert ref.lr_at(max_steps + 7, max_lr, min_lr, warmup, max_steps) == min_lr
+
+
+def test_lr_shape():
+    lrs = [ref.lr_at(s, 1.0, 0.1, 10, 100) for s in range(120)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == 1.0 and lrs[10] == 1.0
+    assert all(a >= b for a, b in zip(lrs[10:100], lrs[11:101]))        # decreasing during the decay
+    assert lrs[100:] == [0.1] * 20
+    assert ref.lr_at(0, 1.0, 0.1, 0, 10) == 1.0                         # no warmup: starts at max_lr
+    assert isinstance(ref.lr_at(3, 1.0, 0.1, 10, 100), float)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_accumulated_micro_batches_give_the_large_batch_gradient(k):
+    torch.manual_seed(0)
+    model = FallbackGPT(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=16).double()
+    x, y = torch.randint(0, 13, (8, 8)), torch.randint(0, 13, (8, 8))
+    loss = F.cross_entropy(model(x).reshape(-1, 13), y.reshape(-1))
+    expected = torch.autograd.grad(loss, list(model.parameters()))
+    model.zero_grad()
+    for xs, ys in zip(x.chunk(k), y.chunk(k)):
+        ref.micro_batch_loss(model(xs), ys, k).backward()
+    for p, e in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, e, rtol=1e-10, atol=1e-12)
+
+
+def test_micro_batch_loss_dtype_and_shape():
+    logits = torch.randn(2, 3, 5, dtype=torch.float64)
+    out = ref.micro_batch_loss(logits, torch.randint(0, 5, (2, 3)), 3)
+    assert out.dim() == 0 and out.dtype == torch.float64
+
+
+@given(shapes=st.lists(st.lists(st.integers(1, 4), max_size=3), min_size=1, max_size=5),
+       max_norm=st.floats(1e-3, 20.0), dtype=st.sampled_from([torch.float32, torch.float64]),
+       seed=st.integers(0, 2 ** 16))
+def test_clip_matches_torch_clip_grad_norm_(shapes, max_norm, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.zeros(s, dtype=dtype)) for s in shapes]
+    grads = [torch.randn(s, generator=g, dtype=dtype) * 3 for s in shapes]
+    for p, gr in zip(params, grads):
+        p.grad = gr.clone()
+    torch_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norm, clipped = ref.clip_grad_norm(grads, max_norm)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-14}
+    torch.testing.assert_close(norm, torch_norm, **tol)
+    for c, p in zip(clipped, params):
+        assert c.dtype == dtype
+        torch.testing.assert_close(c, p.grad, **tol)
+
+
+def test_clip_keeps_direction_and_caps_the_norm():
+    grads = [torch.tensor([3.0, 4.0], dtype=torch.float64), torch.tensor([[12.0]], dtype=torch.float64)]
+    norm, clipped = ref.clip_grad_norm(grads, 1.0)
+    assert norm.item() == 13.0
+    total = math.sqrt(sum(float((c ** 2).sum()) for c in clipped))
+    assert total == pytest.approx(1.0, rel=1e-6)
+    assert float(clipped[0][0] / clipped[0][1]) == pytest.approx(0.75)
+    same_norm, same = ref.clip_grad_norm(grads, 100.0)
+    assert all(torch.equal(a, b) for a, b in zip(same, grads))
+
+
+@pytest.mark.parametrize("n_layer, n_embd, block", [(2, 128, 64), (4, 256, 128)])
+def test_flops_per_token_matches_pytorchs_flop_counter(n_layer, n_embd, block):
+    """FlopCounterMode counts every matrix product (attention included) of a forward and backward pass.
+
+    The formula's 6N also counts biases and norm gains, which do no matrix products: it may
+    exceed the counter by their share, about 1% at these widths.  (The counter sees attention's
+    products only in PyTorch's math kernel, hence SDPBackend.MATH.)
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+    torch.manual_seed(0)
+    vocab, batch = 65, 2
+    model = FallbackGPT(vocab, block, n_layer, 4, n_embd)
+    idx = torch.randint(0, vocab, (batch, block))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(idx).reshape(-1, vocab), idx.reshape(-1)).backward()
+    measured = counter.get_total_flops() / (batch * block)
+    n_params = sum(p.numel() for p in model.parameters())
+    formula = ref.flops_per_token(n_params, embedding_params(model, vocab), n_layer, n_embd, block)
+    assert 1.0 <= formula / measured < 1.02
+
+
+def test_flops_gpt2_small_and_mfu():
+    fpt = ref.flops_per_token(124_475_904, 786_432, 12, 768, 1024)
+    assert fpt == 6 * (124_475_904 - 786_432) + 12 * 12 * 768 * 1024
+    # The published reference point: ~37% MFU on an A100 is ~135k tokens/s for GPT-2 small.
+    assert ref.mfu(fpt, 135_000, 312e12) == pytest.approx(0.37, abs=0.01)
+    assert ref.mfu(fpt, 8 * 135_000, 312e12, 8) == pytest.approx(ref.mfu(fpt, 135_000, 312e12))
+
+
+@given(world=st.integers(1, 8), per_rank=st.integers(1, 10))
+def test_shards_partition_the_batch_in_order(world, per_rank):
+    n = world * per_rank
+    shards = [ref.shard_indices(n, r, world) for r in range(world)]
+    assert torch.equal(torch.cat(shards), torch.arange(n))
+    assert all(s.dtype == torch.long and len(s) == per_rank for s in shards)
+
+
+@pytest.mark.parametrize("args", [(10, 0, 3), (8, 2, 2), (8, -1, 2)])
+def test_shard_rejects_uneven_splits_and_bad_ranks(args):
+    with pytest.raises(ValueError):
+        ref.shard_indices(*args)
+
+
+def _gloo_worker(rank, world, port, sums, counts, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        out = ref.all_reduce_mean(torch.tensor(sums[rank], dtype=torch.float64),
+                                  torch.tensor(counts[rank], dtype=torch.float64))
+        queue.put((rank, out.item()))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_all_reduce_mean_in_two_gloo_processes_matches_the_in_process_ranks():
+    """The hidden tests run all_reduce_mean on threads (attncourse.lab.ranks); gloo processes agree."""
+    import torch.multiprocessing as mp
+    sums, counts = [6.0, 30.0], [3.0, 7.0]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.start_processes(_gloo_worker, args=(2, _free_port(), sums, counts, queue), nprocs=2, start_method="spawn")
+    gloo = dict(queue.get(timeout=30) for _ in range(2))
+    threads = run_ranks(ref.all_reduce_mean, [(torch.tensor(s, dtype=torch.float64), torch.tensor(c, dtype=torch.float64))
+                                              for s, c in zip(sums, counts)])
+    assert gloo[0] == gloo[1] == threads[0].item() == threads[1].item() == pytest.approx(36.0 / 10.0)
+
+
+def test_all_reduce_mean_without_a_process_group_and_inputs_untouched():
+    s, c = torch.tensor(7.5), torch.tensor(3.0)
+    assert ref.all_reduce_mean(s, c).item() == 2.5
+    outs = run_ranks(ref.all_reduce_mean, [(s, c), (torch.tensor(1.5), torch.tensor(1.0))])
+    assert [o.item() for o in outs] == [2.25, 2.25]
+    assert s.item() == 7.5 and c.item() == 3.0

@@ -1,0 +1,201 @@
+"""Known-wrong implementations for chapter 09 (see tests/zoo/__init__.py)."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import collector
+
+VARIANTS, _add = collector()
+
+
+# ---- lr_at ------------------------------------------------------------------------------------
+@_add("warmup off by one", "lr_at", {"test_lr_warmup"}, "check_lr_warmup", "off by one")
+def lr_warmup_off_by_one(step, max_lr, min_lr, warmup_steps, max_steps):
+    if step < warmup_steps:
+        return max_lr * step / warmup_steps
+    if step >= max_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (max_steps - warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+@_add("cosine not reaching the floor", "lr_at", {"test_lr_cosine"}, "check_lr_cosine", "does not reach the floor")
+def lr_cosine_short(step, max_lr, min_lr, warmup_steps, max_steps):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= max_steps:
+        return min_lr
+    progress = (step - warmup_steps) / max_steps          # never gets to 1 before max_steps
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+@_add("cosine decays to zero, not to the floor", "lr_at", {"test_lr_cosine"}, "check_lr_cosine", "ignores the floor")
+def lr_cosine_to_zero(step, max_lr, min_lr, warmup_steps, max_steps):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= max_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (max_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * progress)) * max_lr
+
+
+@_add("cosine climbs back after max_steps", "lr_at", {"test_lr_cosine"}, "check_lr_cosine", "climbs back up")
+def lr_cosine_keeps_going(step, max_lr, min_lr, warmup_steps, max_steps):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / (max_steps - warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+@_add("cosine not offset by the warmup", "lr_at", {"test_lr_cosine"}, "check_lr_cosine", "start at warmup_steps")
+def lr_cosine_from_zero(step, max_lr, min_lr, warmup_steps, max_steps):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step >= max_steps:
+        return min_lr
+    progress = step / max_steps
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+# ---- micro_batch_loss -----------------------------------------------------------------------------
+@_add("accumulation without loss scaling", "micro_batch_loss", {"test_micro_batch_loss"}, "check_micro_batch_loss",
+      "not divided by accum_steps")
+def accum_unscaled(logits, targets, accum_steps):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@_add("loss multiplied by accum_steps", "micro_batch_loss", {"test_micro_batch_loss"}, "check_micro_batch_loss",
+      "multiplied")
+def accum_multiplied(logits, targets, accum_steps):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)) * accum_steps
+
+
+@_add("token losses summed", "micro_batch_loss", {"test_micro_batch_loss"}, "check_micro_batch_loss", "sums the token")
+def accum_summed(logits, targets, accum_steps):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum") / accum_steps
+
+
+# ---- clip_grad_norm -------------------------------------------------------------------------------
+@_add("clipping per parameter instead of globally", "clip_grad_norm", {"test_clip_grad_norm"},
+      "check_clip_grad_norm", "clipped each gradient")
+def clip_per_parameter(grads, max_norm):
+    total_norm = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
+    return total_norm, [g * (max_norm / (g.norm() + 1e-6)).clamp(max=1.0) for g in grads]
+
+
+@_add("norms added instead of squared norms", "clip_grad_norm", {"test_clip_grad_norm"}, "check_clip_grad_norm",
+      "adds up the gradients' norms")
+def clip_sum_of_norms(grads, max_norm):
+    total_norm = torch.stack([g.norm() for g in grads]).sum()
+    scale = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    return total_norm, [g * scale for g in grads]
+
+
+@_add("gradients scaled up below max_norm", "clip_grad_norm", {"test_clip_grad_norm"}, "check_clip_grad_norm",
+      "never scale them up")
+def clip_always(grads, max_norm):
+    total_norm = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
+    return total_norm, [g * (max_norm / (total_norm + 1e-6)) for g in grads]
+
+
+@_add("factor without the 1e-6", "clip_grad_norm", {"test_clip_grad_norm"}, "check_clip_grad_norm", "1e-6")
+def clip_no_eps(grads, max_norm):
+    total_norm = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
+    scale = (max_norm / total_norm).clamp(max=1.0) if total_norm > 0 else torch.ones_like(total_norm)
+    return total_norm, [g * scale for g in grads]
+
+
+@_add("calls the built-in clip_grad_norm_", "clip_grad_norm", {"test_clip_grad_norm"}, "check_clip_grad_norm",
+      "may not call torch.nn.utils.clip_grad_norm_")
+def clip_builtin(grads, max_norm):
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    total_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return total_norm, [p.grad for p in params]
+
+
+# ---- flops_per_token and mfu -------------------------------------------------------------------------
+@_add("FLOPs counting the embedding matrices as 6N compute", "flops_per_token", {"test_flops_per_token"},
+      "check_flops_per_token", "lookup tables as compute")
+def flops_with_embeddings(n_params, n_embedding, n_layer, n_embd, seq_len):
+    return 6 * n_params + 12 * n_layer * n_embd * seq_len
+
+
+@_add("FLOPs without the attention term", "flops_per_token", {"test_flops_per_token"}, "check_flops_per_token",
+      "attention term")
+def flops_no_attention(n_params, n_embedding, n_layer, n_embd, seq_len):
+    return 6 * (n_params - n_embedding)
+
+
+@_add("FLOPs of the forward pass only", "flops_per_token", {"test_flops_per_token"}, "check_flops_per_token",
+      "forward pass only")
+def flops_forward_only(n_params, n_embedding, n_layer, n_embd, seq_len):
+    return 2 * (n_params - n_embedding) + 4 * n_layer * n_embd * seq_len
+
+
+@_add("MFU as a percentage", "mfu", {"test_mfu"}, "check_mfu", "not a percentage")
+def mfu_percent(flops_per_token, tokens_per_second, peak_flops, n_devices=1):
+    return 100 * flops_per_token * tokens_per_second / (peak_flops * n_devices)
+
+
+@_add("MFU against one device's peak", "mfu", {"test_mfu"}, "check_mfu", "all n_devices")
+def mfu_one_device(flops_per_token, tokens_per_second, peak_flops, n_devices=1):
+    return flops_per_token * tokens_per_second / peak_flops
+
+
+# ---- shard_indices --------------------------------------------------------------------------------
+@_add("each rank reading the same shard", "shard_indices", {"test_shard_indices"}, "check_shard_indices",
+      "every rank gets the same rows")
+def shard_same_for_all(n, rank, world_size):
+    if not 0 <= rank < world_size or n % world_size:
+        raise ValueError("uneven split")
+    return torch.arange(n // world_size)
+
+
+@_add("rows dealt round-robin", "shard_indices", {"test_shard_indices"}, "check_shard_indices", "contiguous block")
+def shard_strided(n, rank, world_size):
+    if not 0 <= rank < world_size or n % world_size:
+        raise ValueError("uneven split")
+    return torch.arange(rank, n, world_size)
+
+
+@_add("uneven split accepted", "shard_indices", {"test_shard_indices"}, "check_shard_indices", "raise ValueError")
+def shard_no_check(n, rank, world_size):
+    per_rank = n // world_size
+    return torch.arange(rank * per_rank, (rank + 1) * per_rank)
+
+
+# ---- all_reduce_mean ----------------------------------------------------------------------------
+@_add("no all-reduce: each rank's own mean", "all_reduce_mean", {"test_all_reduce_mean"}, "check_all_reduce_mean",
+      "its own mean")
+def reduce_local(loss_sum, count):
+    return loss_sum / count
+
+
+@_add("mean of the ranks' means", "all_reduce_mean", {"test_all_reduce_mean"}, "check_all_reduce_mean",
+      "averaged the ranks' means")
+def reduce_mean_of_means(loss_sum, count):
+    mean = loss_sum / count
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(mean)
+        mean = mean / torch.distributed.get_world_size()
+    return mean
+
+
+@_add("sum of the ranks' means", "all_reduce_mean", {"test_all_reduce_mean"}, "check_all_reduce_mean",
+      "summed the ranks' means")
+def reduce_sum_of_means(loss_sum, count):
+    mean = loss_sum / count
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(mean)
+    return mean
+
+
+@_add("all-reduce without a process group", "all_reduce_mean", {"test_all_reduce_mean"}, "check_all_reduce_mean",
+      "is_initialized")
+def reduce_always(loss_sum, count):
+    totals = torch.stack([loss_sum, count])
+    torch.distributed.all_reduce(totals)
+    return totals[0] / totals[1]
