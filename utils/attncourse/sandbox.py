@@ -21,8 +21,8 @@ Landlock (macOS, old kernels) the kernel still starts, and the report says it is
 
 Settings (environment): ATTNCOURSE_SANDBOX_TMP (the private temporary directory, made by the
 grader), ATTNCOURSE_KERNEL_MEMORY_MB (default 6144), ATTNCOURSE_KERNEL_FILE_MB (default 256),
-ATTNCOURSE_KERNEL_PROCS (default 256), ATTNCOURSE_SANDBOX_CGROUP (a pids cgroup directory the
-grader made for this kernel, optional).
+ATTNCOURSE_KERNEL_PROCS (default 256; enforced by a pids cgroup this launcher makes for itself when
+it runs as root, else by RLIMIT_NPROC), ATTNCOURSE_GRADER_CONTROL (the class grader's control socket).
 """
 import ctypes
 import ctypes.util
@@ -226,9 +226,9 @@ def confine(connection_file):
     if abi:
         devices = [("/dev/null", _FS["read_file"] | _FS["write_file"]), ("/dev/zero", _FS["read_file"]),
                    ("/dev/urandom", _FS["read_file"]), ("/dev/random", _FS["read_file"])]
-        report.update(_landlock(read_paths(), [os.getcwd(), tmp], devices, ports, abi))
-        report["read"] = read_paths()
-        report["write"] = [os.getcwd(), tmp]
+        readable, writable = read_paths(), [os.getcwd(), tmp]
+        report.update(_landlock(readable, writable, devices, ports, abi))
+        report.update(read=readable, write=writable)
     report["socket_filter"] = _seccomp_socket_filter() if sys.platform == "linux" else False
     report["capabilities_dropped"] = _drop_capabilities() if os.geteuid() == 0 else "not root"
     report["confined"] = bool(abi)
