@@ -146,3 +146,36 @@ def test_shards_on_two_machines_fill_one_postgresql_gradebook(tmp_path, postgres
     assert set(expected) <= set(rows)
     for s, cells in expected.items():
         assert float(rows[s]["total"]) == sum(cells.values())
+
+
+def test_grader_threads_share_one_server(tmp_path, monkeypatch):
+    """JOBS=N starts graders in threads: they must all use one server.  Two racing servers would
+    leave a kernel talking to one that exits, and that student's verdicts would be lost."""
+    import threading
+    import confinement
+    confinement.stop_server()
+    started, popen = [], subprocess.Popen
+
+    def counting_popen(*args, **kwargs):
+        proc = popen(*args, **kwargs)
+        if "--serve" in args[0]:
+            started.append(proc)
+        return proc
+    monkeypatch.setattr(confinement.subprocess, "Popen", counting_popen)
+    barrier = threading.Barrier(8)
+
+    def start():
+        barrier.wait()
+        confinement.start_server(tmp_path)
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert len(started) == 1
+    finally:
+        confinement.stop_server()
+        for proc in started:
+            proc.kill()
+        os.environ.pop("ATTNCOURSE_GRADER_CONTROL", None)

@@ -12,12 +12,15 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import nbtools
 
 KERNEL = "attncourse-sandbox"
 _server = None
+_server_lock = threading.Lock()     # JOBS=N: grader threads must share one server, not race to start several
 atexit.register(lambda: stop_server())
 
 
@@ -47,6 +50,11 @@ def _mpl_cache():
 
 def start_server(root):
     """Start the class's grading server for the course at ``root`` (once) and point kernel launchers at it."""
+    with _server_lock:
+        return _start_server(root)
+
+
+def _start_server(root):
     global _server
     if _server is not None and _server.poll() is None and _server.root == str(root):
         return _server
@@ -63,7 +71,7 @@ def start_server(root):
     for _ in range(600):
         if os.path.exists(control) or _server.poll() is not None:
             break
-        subprocess.run(["sleep", "0.05"])
+        time.sleep(0.05)
     if not os.path.exists(control):
         raise SystemExit("the grading server did not start (is the reference package attncourse_ref installed?)")
     os.environ["ATTNCOURSE_GRADER_CONTROL"] = control

@@ -290,15 +290,23 @@ def main(argv=None):
                 status[s] = f"not graded: {type(exc).__name__}: {exc}"
         if repaired[s] and status[s].startswith("graded"):
             status[s] += "; " + "; ".join(repaired[s])
+    for s in ok:
+        if status[s].startswith("graded") and confinement.read_record(root, args.chapter, s)[0] is None:
+            # The launcher asks the server for a channel before any student code runs, so a missing
+            # record is the grader's fault, never the student's: grade this one again, alone.
+            confinement.autograde(args.chapter, root, s)
+            if confinement.read_record(root, args.chapter, s)[0] is None:
+                status[s] = "not graded: the grading server recorded nothing for its kernel (grade it again with --student)"
     # The server's record decides: scores nbgrader gave without a passing verdict become 0.
     release = nbtools.read(root / "release" / args.chapter / nbtools.chapter_notebook(args.chapter).name)
     confinement_seen = set()
     for s in ok:
-        if status[s].startswith("graded"):
+        if graded(args.chapter, s, root):      # also "not graded" ones that nbgrader scored: their scores must not stand
             facts, changes = confinement.reconcile(args.chapter, root, s, source, release)
             confinement_seen.add(confinement.describe(facts))
             for cell, why in changes:
                 status[s] += f"; {cell}: {why}"
+        if status[s].startswith("graded"):
             # Only now is this student finished: a run stopped before here grades them again.
             done_marker(args.chapter, s, root).write_text(status[s] + "\n")
     rows, flagged = [], []
