@@ -40,6 +40,14 @@ def cosine_ignores_dim(a, b, dim=-1, eps=1e-8):
     return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(eps)
 
 
+@_add("cosine that normalises its inputs in place", "cosine_similarity", {"test_cosine_similarity"},
+      "check_cosine_similarity", "in place")
+def cosine_in_place(a, b, dim=-1, eps=1e-8):
+    a = a.div_(a.norm(dim=dim, keepdim=True).clamp_min(eps))
+    b = b.div_(b.norm(dim=dim, keepdim=True).clamp_min(eps))
+    return (a * b).sum(dim=dim)
+
+
 # ---- softmax ----------------------------------------------------------------------------------
 @_add("softmax without subtracting the maximum", "softmax", SOFTMAX, "check_softmax", "Subtract each slice's own maximum")
 def softmax_overflows(x, dim=-1, temperature=1.0):
@@ -90,6 +98,16 @@ def softmax_no_temperature(x, dim=-1, temperature=1.0):
 def softmax_accepts_zero(x, dim=-1, temperature=1.0):
     z = (x - x.amax(dim=dim, keepdim=True)) / temperature
     e = torch.exp(z)
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+@_add("softmax through NumPy (no gradient flows back)", "softmax", SOFTMAX, "check_softmax",
+      "not connected to the inputs")
+def softmax_via_numpy(x, dim=-1, temperature=1.0):
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0")
+    z = x.detach().numpy() / temperature
+    e = torch.from_numpy(z - z.max(axis=dim, keepdims=True)).exp()
     return e / e.sum(dim=dim, keepdim=True)
 
 

@@ -22,6 +22,16 @@ def sdpa_wrong_axis(q, k, v, mask=None):
     return weights @ v, weights
 
 
+@_add("weights left in float64 whatever the inputs' dtype", "sdpa", {"test_sdpa_unmasked", "test_sdpa_masked"},
+      "check_attention", "keep the inputs' dtype")
+def sdpa_float64_weights(q, k, v, mask=None):
+    scores = (q @ k.transpose(-2, -1)).double() / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights.to(v.dtype) @ v, weights
+
+
 @_add("no scaling", "sdpa", SDPA, "check_attention", "did not scale")
 def sdpa_no_scaling(q, k, v, mask=None):
     scores = q @ k.transpose(-2, -1)

@@ -42,12 +42,19 @@ def call(fn, *args, what, **kwargs):
     Warnings raised by learner code are reported on stdout: on stderr, nbgrader would score
     the whole test cell 0 for a harmless warning.
     """
+    inputs = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k}", a) for k, a in kwargs.items()]
+    copies = [(name, a, a.detach().clone()) for name, a in inputs if isinstance(a, torch.Tensor)]
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = fn(*args, **kwargs)
         for w in caught[:3]:
             print(f"note: {what} warned: {w.category.__name__}: {w.message}")
+        for name, a, copy in copies:
+            if not _unchanged(a, copy):
+                fail(f"{what} changed its {name} in place (x -= ..., x.div_(...), x[...] = ...): the caller's "
+                     "tensor is not yours to change, and autograd cannot backpropagate through it. "
+                     "Compute on a new tensor instead")
         return result
     except NotImplementedError:
         fail(f"{what} is not implemented yet: replace `raise NotImplementedError()` with your code")
@@ -55,6 +62,16 @@ def call(fn, *args, what, **kwargs):
         raise
     except Exception as exc:
         fail(f"{what} raised {type(exc).__name__}: {exc}")
+
+
+def _unchanged(a, copy):
+    if tuple(a.shape) != tuple(copy.shape) or a.dtype != copy.dtype:
+        return False
+    a = a.detach()
+    equal = a == copy
+    if a.is_floating_point() or a.is_complex():
+        equal |= a.isnan() & copy.isnan()
+    return bool(equal.all())
 
 
 def expect_tensor(x, what, shape=None, dtype=None):
@@ -132,3 +149,63 @@ def forbidding(paths, exercise):
             yield
     except ForbiddenCall as exc:
         fail(str(exc))
+
+
+def _float_tensors(out):
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return [o for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()]
+
+
+def dtypes_and_gradients(fn, args, what, grad_args=(), **kwargs):
+    """What the hidden tests also do with an exercise: call it in float32 and in float64, and
+    backpropagate through it.
+
+    Every float output must keep the inputs' dtype and agree between the two dtypes (to float32
+    precision).  With ``grad_args`` (positions of float64 inputs), the outputs must stay connected
+    to those inputs (no NumPy round trip, no .detach() or .item()), backward must give finite
+    gradients (``call`` checks that no input was changed in place).
+    """
+    results = {}
+    for dtype in (torch.float32, torch.float64):
+        cast = [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        outs = _float_tensors(call(fn, *cast, what=f"{what} in {dtype}", **kwargs))
+        for o in outs:
+            if o.dtype != dtype:
+                fail(f"{what}: with {dtype} inputs you returned {o.dtype}; keep the inputs' dtype "
+                     "(a torch.tensor(...) or torch.zeros(...) you create needs dtype=x.dtype)")
+        results[dtype] = outs
+    for lo, hi in zip(results[torch.float32], results[torch.float64]):
+        if tuple(lo.shape) != tuple(hi.shape):
+            fail(f"{what}: float32 inputs give shape {list(lo.shape)}, float64 inputs {list(hi.shape)}")
+        finite = hi.isfinite()
+        if max_error(lo[finite], hi[finite]) > 1e-4 * (1 + float(hi[finite].abs().max()) if finite.any() else 1):
+            fail(f"{what}: float32 and float64 inputs give different answers (max difference "
+                 f"{max_error(lo[finite], hi[finite]):.3g}); is a constant stuck in one dtype?")
+    if not grad_args:
+        return
+    inputs = [a.detach().to(torch.float64).clone().requires_grad_(i in grad_args)
+              if isinstance(a, torch.Tensor) and a.is_floating_point() else a for i, a in enumerate(args)]
+    try:
+        outs = _float_tensors(call(fn, *inputs, what=f"{what} with requires_grad inputs", **kwargs))
+    except CheckFailed as exc:
+        if "in-place operation" in str(exc):
+            fail(f"{what}: your function changes an input in place (x -= ..., x.mul_(...), x[...] = ...), which "
+                 "breaks backpropagation and the caller's tensor; compute on a new tensor instead")
+        raise
+    if not any(o.requires_grad for o in outs):
+        fail(f"{what}: the output is not connected to the inputs, so no gradient can flow back through it. "
+             "The hidden tests backpropagate through this exercise: stay in torch operations "
+             "(no NumPy round trip, no .detach(), .item() or .tolist())")
+    g = torch.Generator().manual_seed(0)
+    total = sum((o * torch.randn(o.shape, generator=g, dtype=o.dtype)).where(o.isfinite(), 0).sum()
+                for o in outs if o.requires_grad)
+    try:
+        grads = torch.autograd.grad(total, [inputs[i] for i in grad_args], allow_unused=True)
+    except RuntimeError as exc:
+        fail(f"{what}: backpropagating through your code failed ({exc}); an in-place operation "
+             "(x -= ..., x[...] = ...) on a tensor autograd still needs is the usual cause")
+    for i, grad in zip(grad_args, grads):
+        if grad is None:
+            fail(f"{what}: the output does not depend on argument {i}, so it gets no gradient")
+        if not grad.isfinite().all():
+            fail(f"{what}: the gradient with respect to argument {i} contains NaN or inf")

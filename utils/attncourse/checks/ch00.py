@@ -1,7 +1,8 @@
 """Visible checks for chapter 00: softmax with temperature, cosine similarity, analogy search."""
 import torch
 
-from ._core import call, close, expect_tensor, fail, forbidding, load_cases, max_error, ok, require_callable, tensor
+from ._core import (call, close, dtypes_and_gradients, expect_tensor, fail, forbidding, load_cases, max_error, ok,
+                    require_callable, tensor)
 
 # From scratch: the built-ins these exercises re-implement (the hidden tests forbid the same).
 SOFTMAX_BUILTINS = ("torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax", "torch.special.softmax",
@@ -71,6 +72,9 @@ def check_softmax(fn):
     if not close(outn, tensor(c["neg_out"]), atol=1e-9):
         fail("with -inf scores the weights are wrong: those entries must get exactly 0 and the rest sum to 1")
     ok("-inf scores get weight exactly 0")
+    dtypes_and_gradients(fn, [x], "softmax(x)", grad_args=(0,))
+    dtypes_and_gradients(fn, [neg], "softmax(x with -inf entries)", grad_args=(0,))
+    ok("float32 and float64 keep their dtype; gradients flow back through softmax (the hidden tests backpropagate)")
 
 
 def check_softmax_temperature(fn):
@@ -116,6 +120,8 @@ def check_softmax_temperature(fn):
         fail(f"softmax(x, temperature={t}) returned {type(res).__name__} instead of refusing: a temperature "
              "<= 0 makes no sense; raise ValueError('temperature must be > 0')")
     ok("temperature <= 0 raises ValueError")
+    dtypes_and_gradients(fn, [x], "softmax(x, temperature=0.5)", grad_args=(0,), temperature=0.5)
+    ok("with a temperature: float32 and float64 keep their dtype; gradients flow back")
 
 
 def check_cosine_similarity(fn):
@@ -152,6 +158,8 @@ def check_cosine_similarity(fn):
     if not (isinstance(colwise, torch.Tensor) and close(colwise, out)):
         fail("cosine_similarity(a.T, b.T, dim=0) should equal cosine_similarity(a, b): reduce along `dim`")
     ok("scale-invariant, broadcasts, and follows `dim`")
+    dtypes_and_gradients(fn, [a, b], "cosine_similarity(a, b)", grad_args=(0, 1))
+    ok("float32 and float64 keep their dtype; gradients flow back to both inputs (the hidden tests backpropagate)")
 
 
 def _analogy_hint(table, a, b, c, got):

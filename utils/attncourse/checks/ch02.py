@@ -4,8 +4,8 @@ import math
 import torch
 
 from ..layers import make_layer
-from ._core import (build_module, call, close, expect_pair, expect_tensor, fail, forbidding, load_cases, max_error, ok,
-                    require_callable, tensor)
+from ._core import (build_module, call, close, dtypes_and_gradients, expect_pair, expect_tensor, fail, forbidding,
+                    load_cases, max_error, ok, require_callable, tensor)
 
 # Exercise 1 re-implements PyTorch's fused kernel: it may not call it (the hidden tests agree).
 SDPA_BUILTINS = ("torch.nn.functional.scaled_dot_product_attention",)
@@ -82,6 +82,8 @@ def check_attention(fn):
     if torch.isnan(big[1]).any():
         fail("large scores give NaN weights: your softmax overflows; use torch.softmax (it subtracts the row max)")
     ok("large scores stay finite")
+    dtypes_and_gradients(fn, [q, k, v], "scaled_dot_product_attention(q, k, v)", grad_args=(0, 1, 2))
+    ok("float32 and float64 keep their dtype; gradients flow back to q, k and v (the hidden tests backpropagate)")
 
 
 def check_attention_mask(fn):
@@ -122,6 +124,9 @@ def check_attention_mask(fn):
     if not close(wb[1], tensor(c["masked_weights"])):
         fail("a [N_q, N_k] mask must broadcast over batch dimensions")
     ok("a [N_q, N_k] mask broadcasts over the batch")
+    dtypes_and_gradients(fn, [q, k, v], "scaled_dot_product_attention(q, k, v, mask=mask)", grad_args=(0, 1, 2),
+                         mask=mask)
+    ok("masked: float32 and float64 keep their dtype; gradients flow back to q, k and v")
 
 
 def check_causal_mask(fn):

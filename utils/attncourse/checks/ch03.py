@@ -3,8 +3,8 @@
 import torch
 
 from ..memory import peak_memory
-from ._core import (build_module, call, close, expect_pair, expect_tensor, fail, forbidding, load_cases, max_error, ok,
-                    require_callable, tensor)
+from ._core import (build_module, call, close, dtypes_and_gradients, expect_pair, expect_tensor, fail, forbidding,
+                    load_cases, max_error, ok, require_callable, tensor)
 
 # From scratch: the built-ins these exercises re-implement (the hidden tests forbid the same).
 MHA_BUILTINS = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward")
@@ -27,6 +27,8 @@ def check_split_heads(fn):
     got = expect_tensor(call(fn, x, 2, what="split_heads(x, 2)"), "split_heads(x [2, 3, 8], 2)", shape=(2, 2, 3, 4))
     if close(got, expected):
         ok("split_heads: [B, N, D] -> [B, H, N, D/H], head h holds features h*D_H .. (h+1)*D_H - 1")
+        dtypes_and_gradients(fn, [x, 2], "split_heads(x, 2)", grad_args=(0,))
+        ok("split_heads keeps float32 and float64, and gradients flow back")
         return
     if close(got, x.reshape(2, 2, 3, 4)):
         fail("you reshaped [B, N, D] straight to [B, H, N, D_H]: that mixes tokens across heads. Reshape to "
@@ -45,6 +47,8 @@ def check_merge_heads(fn):
     got = expect_tensor(call(fn, heads, what="merge_heads(heads)"), "merge_heads(heads [2, 2, 3, 4])", shape=(2, 3, 8))
     if close(got, x):
         ok("merge_heads undoes split_heads: heads concatenated along the features, head 0 first")
+        dtypes_and_gradients(fn, [heads], "merge_heads(heads)", grad_args=(0,))
+        ok("merge_heads keeps float32 and float64, and gradients flow back")
         return
     if close(got, heads.reshape(2, 3, 8)):
         fail("you reshaped [B, H, N, D_H] straight to [B, N, D]: transpose H and N first "
@@ -245,6 +249,8 @@ def check_tiled_attention(fn):
     if bool(torch.isnan(big).any() or torch.isinf(big).any()):
         fail("large scores give NaN or inf: subtract the running max before exponentiating")
     ok("tiled attention equals full attention for block sizes 1, 2, 3, 7 (= N) and 9 (> N)")
+    dtypes_and_gradients(fn, [q, k, v, 3], "tiled_attention(q, k, v, block_size=3)")
+    ok("tiled attention keeps float32 and float64")
     # The constraint the hidden tests grade too (there, measured from outside the kernel).
     n, bs = 1024, 128
     g = torch.Generator().manual_seed(0)

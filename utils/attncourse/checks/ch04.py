@@ -2,7 +2,8 @@
 
 import torch
 
-from ._core import call, close, expect_tensor, fail, load_cases, load_weights, max_error, ok, require_callable, tensor
+from ._core import (call, close, dtypes_and_gradients, expect_tensor, fail, load_cases, load_weights, max_error, ok,
+                    require_callable, tensor)
 
 def _data():
     return load_cases("ch04")
@@ -107,6 +108,8 @@ def check_rope(fn):
         fail(f"apply_rope differs from the expected values (max error {max_error(y, tensor(c['output'])):.3g}); "
              "pair i rotates by positions[n] * 10000^(-2i/d)")
     ok("RoPE: fixed case matches and norms are preserved")
+    dtypes_and_gradients(fn, [x, positions], "apply_rope(x, positions)", grad_args=(0,))
+    ok("RoPE keeps float32 and float64, and gradients flow back to x")
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 8, generator=g, dtype=torch.float64), torch.randn(1, 8, generator=g, dtype=torch.float64)
     dots = []
