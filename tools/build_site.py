@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import nbformat
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import leaks  # noqa: E402
 import nbtools  # noqa: E402
@@ -70,9 +72,24 @@ def check_no_leaks(folder):
     return found
 
 
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def without_widgets(nb):
+    """A static page cannot run a widget (its script would come from a CDN and find no kernel):
+    replace each widget's output with a line saying how to use it."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and any(WIDGET in o.get("data", {}) for o in cell.outputs):
+            cell.outputs = [o for o in cell.outputs if WIDGET not in o.get("data", {})]
+            cell.outputs.append(nbformat.v4.new_output(
+                "stream", name="stdout", text="[an interactive control: run this notebook in Jupyter to use it]\n"))
+    return nb
+
+
 def main():
     for chapter in nbtools.chapters():
-        nb = nbtools.strip_solutions(execute(chapter))
+        nb = without_widgets(nbtools.strip_solutions(execute(chapter)))
         nbtools.write(nb, SITE / chapter / nbtools.chapter_notebook(chapter).name)
     found = check_no_leaks(SITE)
     if found:
