@@ -1,4 +1,5 @@
 """The built website: chapter pages with stubs and expected outputs, math, glossary, no solutions."""
+import os
 import re
 import subprocess
 import sys
@@ -64,3 +65,39 @@ def test_unchanged_chapters_are_not_executed_again(site):
                          capture_output=True, text=True)
     assert res.returncode == 0
     assert "ch02: unchanged" in res.stdout
+
+
+def test_every_page_works_in_a_browser(site, tmp_path):
+    """Headless Chromium opens every page: no JavaScript error, every image and formula renders,
+    internal links resolve, and searching a key term finds its chapter (tools/browser_check.py)."""
+    import browser_check
+    if browser_check.find_chromium() is None:
+        if os.environ.get("CI"):
+            pytest.fail("no Chromium: .ci/run installs Debian's chromium package")
+        pytest.skip("no Chromium installed (apt-get install chromium)")
+    failures = browser_check.check(HTML, screenshots=tmp_path, log=lambda line: None)
+    assert failures == {}, "\n".join(f"{page}: {p}" for page, problems in failures.items() for p in problems)
+    for mode in ("light", "dark"):
+        assert (tmp_path / f"ch02-{mode}.png").stat().st_size > 10_000
+
+
+def test_what_the_prose_says_about_a_run_is_what_the_run_printed(site):
+    """tests/claims.py: each sentence that reports a result is checked against the executed page."""
+    import claims
+    wrong = []
+    for chapter, chapter_claims in claims.CLAIMS.items():
+        nb = nbtools.read(nbtools.ROOT / "site" / chapter / nbtools.chapter_notebook(chapter).name)
+        prose = claims.normalise(" ".join(c.source for c in nb.cells if c.cell_type == "markdown"))
+        for claim in chapter_claims:
+            if claims.normalise(claim.says) not in prose:
+                wrong.append(f"{chapter}: the text no longer says {claim.says!r}: update tests/claims.py")
+                continue
+            cell = next((c for c in nb.cells if c.cell_type == "code" and claim.cell in c.source), None)
+            out = "" if cell is None else "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+            try:
+                holds = bool(out) and claim.holds(out)
+            except (StopIteration, IndexError, ValueError):
+                holds = False
+            if not holds:
+                wrong.append(f"{chapter}: the run no longer backs {claim.says!r}; its output:\n{out[-1500:]}")
+    assert not wrong, "\n\n".join(wrong)

@@ -1,0 +1,110 @@
+"""What the prose says about a run, and the check of it against the executed page.
+
+Each claim ties a sentence of a chapter's text to the printed output of the cell that backs it.
+``tests/test_site.py`` checks every claim on the notebooks the site build executed: if a library
+upgrade, a new seed or an edit changes a result, the test names the sentence that became false.
+A claim whose sentence was reworded fails too, so that the list is kept in step with the text.
+"""
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class Claim:
+    says: str                          # words of the prose (whitespace and *emphasis* ignored)
+    cell: str                          # a string that only the backing code cell's source contains
+    holds: Callable[[str], bool]       # given that cell's printed output
+
+
+def numbers(pattern, text):
+    """Every match of ``pattern`` (one group, a number with optional commas) as floats."""
+    return [float(m.replace(",", "")) for m in re.findall(pattern, text)]
+
+
+def row(text, label):
+    """The numbers of the output line that starts with ``label``."""
+    line = next(line for line in text.splitlines() if line.strip().startswith(label))
+    return numbers(r"(-?\d[\d,]*\.?\d*(?:e[-+]\d+)?)", line[line.index(label) + len(label):])
+
+
+CLAIMS = {
+    "ch00": [
+        Claim("With a constant start the table stays rank 1: eight dimensions paid for, one used, and a worse loss",
+              "chars_text = shakespeare.text",
+              lambda out: row(out, "constant init:")[-1] == 1 and row(out, "random init:")[-1] == 8
+              and row(out, "constant init:")[0] > row(out, "random init:")[0]),
+        Claim("father - man + woman gives wife and mother, king - man + woman gives queen, son - father + mother "
+              "gives daughter, his - he + she gives her", "questions = [",
+              lambda out: all(s in out for s in ["father - man + woman = wife, mother", "king - man + woman = queen",
+                                                 "son - father + mother = daughter", "his - he + she = her"])),
+        Claim("France - French + English finds king before England", "questions = [",
+              lambda out: "france - french + english = king, england" in out),
+    ],
+    "ch01": [
+        Claim("the model gets nearly every held-out date right", "DATE_STEPS =",
+              lambda out: numbers(r"exact match on 1,000 held-out dates: ([\d.]+)%", out)[0] >= 95),
+        Claim("Without attention, accuracy collapses after a handful of digits", "MAX_DIGITS =",
+              lambda out: row(out, "no attn")[5] < 0.2 and row(out, "no attn")[0] > 0.9),
+        Claim("With attention the decoder looks up the digit it needs at each step, and accuracy falls off much "
+              "more slowly with length", "MAX_DIGITS =",
+              lambda out: all(a > n for a, n in zip(row(out, "attention")[3:], row(out, "no attn")[3:]))),
+    ],
+    "ch02": [
+        Claim("row it puts most of its weight on animal", "tokens = [", lambda out: "attends most to: animal" in out),
+    ],
+    "ch04": [
+        Claim("the equivariance gap jumps from rounding error (about 1e-16) to about 0.2",
+              "attn = nn.MultiheadAttention(16, 2",
+              lambda out: row(out, "attention alone:")[0] < 1e-12 and 0.1 <= row(out, "attention after x + PE:")[0] < 0.35),
+    ],
+    "ch05": [
+        Claim("Both models learn the task, and both end above 99% exact match on the 1,000 held-out dates",
+              "TRANSFORMER_STEPS, RNN_STEPS", lambda out: row(out, "Transformer")[-1] >= 99
+              and row(out, "GRU + attention")[-1] >= 99),
+        Claim("the recurrent model gets there first, in steps and in seconds: it passes the 95% mark sooner",
+              "TRANSFORMER_STEPS, RNN_STEPS", lambda out: row(out, "GRU + attention")[-2] < row(out, "Transformer")[-2]),
+        Claim("At the smaller learning rate the two curves lie almost on top of each other", "def loss_curve",
+              lambda out: abs(row(out, "lr 0.003 post-norm:")[-1] - row(out, "lr 0.003 pre-norm :")[-1]) < 0.15),
+        Claim("At the larger learning rate they part", "def loss_curve",
+              lambda out: row(out, "lr 0.01 post-norm:")[-1] - row(out, "lr 0.01 pre-norm :")[-1] > 0.3),
+    ],
+    "ch06": [
+        Claim("the gap widens with the length: the speed-up column", "no cache (tok/s)",
+              lambda out: numbers(r"([\d.]+)x", out) == sorted(numbers(r"([\d.]+)x", out))
+              and numbers(r"([\d.]+)x", out)[0] > 1),
+    ],
+    "ch07": [
+        Claim("on the test images the CNN makes fewer mistakes with a similar budget of parameters",
+              "images.digits(test_size=0.2",
+              lambda out: numbers(r"CNN: .*\((\d+) of 360 wrong\)", out)[0] < numbers(r"ViT: .*\((\d+) of 360 wrong\)", out)[0]),
+    ],
+    "ch08": [
+        Claim("The two parameter columns agree to within about 3%", "def n_params",
+              lambda out: all(abs(float(line.rsplit("|", 1)[1]) - 1) <= 0.035 for line in out.splitlines()
+                              if line.count("|") == 3 and line.split()[0].isdigit())),
+        Claim("today's block ends lower", "gelu_mlp = lambda d",
+              lambda out: row(out, "today:")[-1] < row(out, "2017:")[-1]),
+        Claim("At this size and number of steps the validation curves lie close together", "compared = [dense_name",
+              lambda out: abs(row(out, "dense SwiGLU")[-2] - row(out, "MoE 8 experts, top-2")[-2]) < 0.05),
+        Claim("on a CPU, at this size, the MoE is the slower one", "compared = [dense_name",
+              lambda out: row(out, "MoE 8 experts, top-2")[-1] < row(out, "dense SwiGLU")[-1]),
+        Claim("Without the balance loss the router collapses", "x_val, _ = data.batch(",
+              lambda out: max(row(out, "MoE, no load balancing")[:4]) > 50 and max(row(out, "MoE 8 experts, top-2")[:4]) < 45),
+    ],
+    "ch09": [
+        Claim("In the same time the CPU mode processes more tokens per second and reaches a lower validation loss",
+              'compare.load("recipes")',
+              lambda out: row(out, "this lab's CPU mode")[-2] > row(out, "classic minimal-GPT recipe")[-2]
+              and row(out, "this lab's CPU mode")[-1] < row(out, "classic minimal-GPT recipe")[-1]),
+        Claim("Each bigger model gets more out of the same text: its curve lies lower at every point",
+              "widths = [32, 64, 128, 192]",
+              lambda out: all(all(b < a for a, b in zip(lo, hi))
+                              for lo, hi in zip(*[[row(out, f"width {w:>3}:")[1:] for w in (32, 64, 128)],
+                                                  [row(out, f"width {w:>3}:")[1:] for w in (64, 128, 192)]]))),
+    ],
+}
+
+
+def normalise(text):
+    return re.sub(r"\s+", " ", text.replace("*", "")).strip()
