@@ -106,7 +106,7 @@ def same(a, b):
 def max_error(a, b):
     if a.numel() == 0:
         return 0.0
-    return float((a.detach().to(torch.float64) - b.to(torch.float64)).abs().max())
+    return float((a.detach().to(torch.float64) - b.detach().to(torch.float64)).abs().max())
 
 
 def load_weights(module, state, what):
@@ -209,3 +209,23 @@ def dtypes_and_gradients(fn, args, what, grad_args=(), **kwargs):
             fail(f"{what}: the output does not depend on argument {i}, so it gets no gradient")
         if not grad.isfinite().all():
             fail(f"{what}: the gradient with respect to argument {i} contains NaN or inf")
+
+
+def module_dtypes(module, args, what, **kwargs):
+    """A module the hidden tests also build in float32: a float32 copy of ``module`` (already
+    loaded, float64) given float32 inputs must return float32 outputs equal to the float64 ones
+    to float32 precision.  A tensor created inside forward without dtype= (or .double()) fails."""
+    import copy
+    with torch.no_grad():
+        expected = _float_tensors(call(module, *args, what=f"{what} in float64", **kwargs))
+        cast = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        low = copy.deepcopy(module).float()
+        got = _float_tensors(call(low, *cast, what=f"{what} in float32", **kwargs))
+    for g, e in zip(got, expected):
+        if g.dtype != torch.float32:
+            fail(f"{what}: a float32 module with float32 inputs returned {g.dtype}; create tensors with the "
+                 "inputs' dtype (dtype=x.dtype) and do not call .double() inside forward")
+        finite = e.isfinite()
+        if tuple(g.shape) != tuple(e.shape) or max_error(g[finite], e[finite]) > 1e-4 * (
+                1 + (float(e[finite].abs().max()) if finite.any() else 0)):
+            fail(f"{what}: the float32 module disagrees with the float64 one beyond float32 rounding")

@@ -2,8 +2,8 @@
 import torch
 
 from ..layers import decoder_step
-from ._core import (build_module, call, close, same, expect_tensor, fail, load_cases, max_error, ok, require_callable,
-                    tensor)
+from ._core import (build_module, call, close, expect_tensor, fail, load_cases, max_error, module_dtypes, ok,
+                    require_callable, same, tensor)
 
 
 def _data():
@@ -40,6 +40,8 @@ def check_additive_attention(cls):
         fail("the weights are right but the context is not: it is sum_i a_i h_i, the weighted sum of the keys "
              "(the encoder states themselves, not their projections)")
     ok("AdditiveAttention: scores, softmax over source positions, context")
+    module_dtypes(att, [query, keys], "AdditiveAttention.forward(query, keys)")
+    ok("AdditiveAttention in float32 returns float32 and agrees with float64")
 
 
 def check_additive_attention_mask(cls):
@@ -100,6 +102,8 @@ def check_decoder_step(cls):
     if not close(logits, tensor(c["logits"])):
         fail("the state is right but the logits are not: logits = self.out(cat[s_t, c_t]), with the new state")
     ok("AttentionDecoder step: attention with s_{t-1}, GRU on [embedding, context], logits from [s_t, c_t]")
+    module_dtypes(dec, [y_prev, s, enc, mask], "AttentionDecoder.forward(y_prev, state, enc, mask)")
+    ok("AttentionDecoder in float32 returns float32 and agrees with float64")
 
 
 def _greedy(fn, case, what):

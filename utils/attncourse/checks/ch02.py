@@ -5,7 +5,7 @@ import torch
 
 from ..layers import make_layer
 from ._core import (build_module, call, close, dtypes_and_gradients, expect_pair, expect_tensor, fail, forbidding,
-                    load_cases, max_error, ok, require_callable, tensor)
+                    load_cases, max_error, module_dtypes, ok, require_callable, tensor)
 
 # Exercise 1 re-implements PyTorch's fused kernel: it may not call it (the hidden tests agree).
 SDPA_BUILTINS = ("torch.nn.functional.scaled_dot_product_attention",)
@@ -175,6 +175,8 @@ def check_self_attention(cls):
     if not close(expect_pair(masked, "SelfAttention.forward")[0], tensor(c["causal_output"])):
         fail("SelfAttention ignores its mask argument: pass it on to your attention function")
     ok("SelfAttention: parameter names and shapes, fused split order, output and mask")
+    module_dtypes(module, [x], "SelfAttention.forward(x)")
+    ok("SelfAttention in float32 returns float32 and agrees with float64")
 
 
 def check_cross_attention(cls):
@@ -197,6 +199,8 @@ def check_cross_attention(cls):
     if not close(expect_pair(masked, "CrossAttention.forward")[0], tensor(c["masked_output"])):
         fail("CrossAttention ignores its mask argument: pass it on to your attention function")
     ok("CrossAttention: queries from x, keys and values from the context, mask passed on")
+    module_dtypes(module, [x, ctx], "CrossAttention.forward(x, context)")
+    ok("CrossAttention in float32 returns float32 and agrees with float64")
 
 
 def check_equivariance_gap(fn):

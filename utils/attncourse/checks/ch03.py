@@ -4,7 +4,7 @@ import torch
 
 from ..memory import peak_memory
 from ._core import (build_module, call, close, dtypes_and_gradients, expect_pair, expect_tensor, fail, forbidding,
-                    load_cases, max_error, ok, require_callable, tensor)
+                    load_cases, max_error, module_dtypes, ok, require_callable, tensor)
 
 # From scratch: the built-ins these exercises re-implement (the hidden tests forbid the same).
 MHA_BUILTINS = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward")
@@ -108,6 +108,8 @@ def check_mha(cls):
         ty, tw = _torch_mha(c)(x, x, x, need_weights=True, average_attn_weights=False)
     if close(y, ty) and close(w, tw):
         ok("MultiHeadAttention matches torch.nn.MultiheadAttention (outputs and per-head weights)")
+        module_dtypes(module, [x, x, x], "MultiHeadAttention.forward(x, x, x)")
+        ok("MultiHeadAttention in float32 returns float32 and agrees with float64")
         return
     if close(y, tensor(c["no_out_proj_output"])):
         fail("you forgot the output projection: return out_proj(merge_heads(...))")

@@ -2,8 +2,8 @@
 
 import torch
 
-from ._core import (call, close, dtypes_and_gradients, expect_tensor, fail, load_cases, load_weights, max_error, ok,
-                    require_callable, tensor)
+from ._core import (call, close, dtypes_and_gradients, expect_tensor, fail, load_cases, load_weights, max_error,
+                    module_dtypes, ok, require_callable, tensor)
 
 def _data():
     return load_cases("ch04")
@@ -78,6 +78,8 @@ def check_learned_positional_embedding(cls):
     weight = tensor(c["state"]["embedding.weight"])
     if close(y, tensor(c["output"])):
         ok("learned positional embedding: x + P[0:N], one row per position")
+        module_dtypes(module, [x], "LearnedPositionalEmbedding.forward(x)")
+        ok("in float32 it returns float32 and agrees with float64")
         return
     if close(y, weight[:4].expand(2, 4, 3)):
         fail("you returned the position embeddings only: add them to x (x + P[:N])")
@@ -158,6 +160,8 @@ def check_relative_position_bias(cls):
     expected = tensor(c["output"])
     if close(out, expected):
         ok("relative position bias: B[h, i, j] = table[i - j + max_len - 1, h], added to every head's scores")
+        module_dtypes(module, [scores], "RelativePositionBias.forward(scores)")
+        ok("in float32 it returns float32 and agrees with float64")
         return
     bias = out - scores
     if close(bias[0], bias[1]):
