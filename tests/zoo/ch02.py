@@ -154,6 +154,13 @@ def self_attention_no_mask(self, x, mask=None):
     return scaled_dot_product_attention(q, k, v)
 
 
+@_add("self-attention computed in float64 whatever the module's dtype", "self_attention", {"test_self_attention"},
+      "check_self_attention", "returned torch.float64")
+def self_attention_float64(self, x, mask=None):
+    q, k, v = self.qkv(x).double().split(self.d_head, dim=-1)
+    return scaled_dot_product_attention(q, k, v, mask)
+
+
 # ---- CrossAttention.forward ----------------------------------------------------------------
 @_add("kv projection split as V, K", "cross_attention", {"test_cross_attention"}, "check_cross_attention",
       "(V, K)")
