@@ -20,6 +20,7 @@ from nbgrader.api import Gradebook
 
 pytestmark = pytest.mark.slow
 CH = "ch04"
+TIMEOUT = "20"   # seconds per cell (chapter 04 cells take well under one), so the infinite loop costs little
 GRADER = [sys.executable, str(nbtools.ROOT / "tools" / "grade_class.py"), CH]
 
 
@@ -40,7 +41,7 @@ def scores(db_url, names):
 
 def run(root, *args, env=None):
     res = subprocess.run([*GRADER, "--root", str(root), *args], capture_output=True, text=True,
-                         env=dict(os.environ, ATTNCOURSE_CELL_TIMEOUT="60", **(env or {})))
+                         env=dict(os.environ, ATTNCOURSE_CELL_TIMEOUT=TIMEOUT, **(env or {})))
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
 
@@ -58,7 +59,7 @@ def test_parallel_grading_matches_the_known_grades(tmp_path):
 def test_an_interrupted_run_resumes_without_regrading(tmp_path):
     students = fake_class(tmp_path, keep={"correct", "blank", "zoo-01", "zoo-02"})
     proc = subprocess.Popen([*GRADER, "--root", str(tmp_path), "--jobs", "1", "--shard", "1/1"],
-                            env=dict(os.environ, ATTNCOURSE_CELL_TIMEOUT="60"), start_new_session=True,
+                            env=dict(os.environ, ATTNCOURSE_CELL_TIMEOUT=TIMEOUT), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     markers = tmp_path / "verdicts" / CH
     deadline = time.time() + 900
@@ -131,7 +132,7 @@ def test_shards_on_two_machines_fill_one_postgresql_gradebook(tmp_path, postgres
         res = subprocess.run([str(Path(sys.executable).parent / "nbgrader"), "generate_assignment", CH, "--force",
                               f"--CourseDirectory.root={m}"], cwd=nbtools.ROOT, env=nbtools_env, capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
-    graders = [subprocess.Popen([*GRADER, "--root", str(m), "--shard", f"{i + 1}/2"], env=dict(nbtools_env, ATTNCOURSE_CELL_TIMEOUT="60"),
+    graders = [subprocess.Popen([*GRADER, "--root", str(m), "--shard", f"{i + 1}/2"], env=dict(nbtools_env, ATTNCOURSE_CELL_TIMEOUT=TIMEOUT),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i, m in enumerate(machines)]
     reports = [g.communicate(timeout=1800)[0] for g in graders]
     assert all(g.returncode == 0 for g in graders), reports

@@ -7,8 +7,9 @@ Per chapter it prints
   run      seconds to execute the instructor notebook with the reference (kernel start included,
            hidden tests removed): what `make site` and a learner's full run cost; budget 60 s
   submit   seconds to execute one correct submission (the student version, filled in)
-  grade    seconds per student to autograde a class of N correct submissions as
+  grade    seconds each further student adds to an autograde run of N correct submissions as
            tools/grade_class.py does (one nbgrader run for the class, confined kernels, hidden tests)
+  start    the run's fixed start-up, paid once per class (a run for 1 student minus `grade`)
   ratio    grade / submit; budget 1.2
 and the whole course's run time against its 6-minute budget.  It is a measurement, not a test:
 it never fails, it reports.
@@ -51,16 +52,22 @@ def measure(chapter, n_students):
         submit = timed_execution(nbtools.read(nbtools.write(correct, root / "probe" / name)), root / "probe")
         for i in range(n_students):
             nbtools.write(correct, root / "submitted" / f"student{i:02d}" / chapter / name)
-        # grade_class.py minus its first-time bookkeeping: one autograde run for the class, in the
-        # confined kernel with the class's grading server (started outside the timing, as once per class).
+        # grade_class.py minus its first-time bookkeeping: autograde runs in the confined kernel with
+        # the class's grading server (started outside the timing, as once per class).  A run for one
+        # student, then one for the class: their difference is what each further student costs, the
+        # rest is the run's fixed start-up (nbgrader's own, paid once per class).
         confinement.start_server(root)
         t0 = time.perf_counter()
+        confinement.autograde(chapter, root, "student00")
+        one = time.perf_counter() - t0
+        t0 = time.perf_counter()
         confinement.autograde(chapter, root)
-        grade = (time.perf_counter() - t0) / n_students
+        everyone = time.perf_counter() - t0
+        grade = (everyone - one) / (n_students - 1)
         graded = len(list((root / "autograded").glob(f"*/{chapter}/{name}")))
         if graded != n_students:
             print(f"warning: {chapter}: only {graded} of {n_students} submissions were autograded")
-    return run, submit, grade
+    return run, submit, grade, one - grade
 
 
 def large_class(chapter, size, jobs):
@@ -93,7 +100,7 @@ def large_class(chapter, size, jobs):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("chapters", nargs="*")
-    ap.add_argument("--students", type=int, default=3)
+    ap.add_argument("--students", type=int, default=4, help="class size for the grading time (at least 2)")
     ap.add_argument("--class-size", type=int, default=0,
                     help="also grade a generated class of this size serially and in parallel (e.g. 200)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
@@ -107,10 +114,12 @@ def main(argv=None):
               f"grades {'identical' if same else 'DIFFER'}")
         return
     chapters = args.chapters or nbtools.chapters()
-    print(f"{'chapter':<8} {'run':>7} {'budget':>7} {'submit':>7} {'grade':>7} {'ratio':>6}  verdict")
+    if args.students < 2:
+        raise SystemExit("--students: at least 2 (the cost per student is the difference between 1 and N)")
+    print(f"{'chapter':<8} {'run':>7} {'budget':>7} {'submit':>7} {'grade':>7} {'start':>7} {'ratio':>6}  verdict")
     total = 0.0
     for ch in chapters:
-        run, submit, grade = measure(ch, args.students)
+        run, submit, grade, start = measure(ch, args.students)
         total += run
         budget = RUN_BUDGET.get(ch, DEFAULT_RUN_BUDGET)
         ratio = grade / submit
@@ -119,11 +128,12 @@ def main(argv=None):
             verdict.append(f"run over {budget} s")
         if ratio > RATIO_BUDGET:
             verdict.append(f"grading over {RATIO_BUDGET}x")
-        print(f"{ch:<8} {run:6.1f}s {budget:6d}s {submit:6.1f}s {grade:6.1f}s {ratio:6.2f}  {'; '.join(verdict) or 'within budget'}",
+        print(f"{ch:<8} {run:6.1f}s {budget:6d}s {submit:6.1f}s {grade:6.1f}s {start:6.1f}s {ratio:6.2f}  "
+              f"{'; '.join(verdict) or 'within budget'}",
               flush=True)
     print(f"{'course':<8} {total:6.1f}s {COURSE_BUDGET:6d}s  {'within budget' if total <= COURSE_BUDGET else 'OVER BUDGET'}")
-    print(f"(grade = seconds per student in one autograde run of {args.students} correct submissions; "
-          f"{os.cpu_count()} CPU cores)")
+    print(f"(grade = seconds each further student adds to one autograde run of {args.students} correct "
+          f"submissions; start = that run's fixed start-up; {os.cpu_count()} CPU cores)")
 
 
 if __name__ == "__main__":
