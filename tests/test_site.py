@@ -13,8 +13,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("site")]
 HTML = nbtools.ROOT / "_build" / "html"
 
 
-@pytest.fixture(scope="module")
-def site():
+@pytest.fixture(scope="session")       # not "module": xdist may run other modules' tests in between,
+def site():                             # and a module fixture would then build the site a second time
     res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "build_site.py")], cwd=nbtools.ROOT,
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
