@@ -90,10 +90,15 @@ def stop_server():
         _server = None
 
 
-def autograde(chapter, root, student=None):
-    """One nbgrader autograde run (the class, or one student) in confined kernels."""
+def autograde(chapter, root, student=None, only=None):
+    """One nbgrader autograde run in confined kernels: the class, one ``student``, or the students
+    in ``only`` (one run for a share of the class: nbgrader's start-up is paid once per share)."""
     start_server(root)
     who = ["--student", student] if student else []
+    if only is not None:
+        others = sorted(p.parent.name for p in (Path(root) / "submitted").glob(f"*/{chapter}")
+                        if p.parent.name not in set(only))
+        who = ["--student", "*", f"--CourseDirectory.student_id_exclude={','.join(others)}"]
     # Several graders may share one SQLite gradebook (JOBS=N): wait for its lock instead of failing.
     db = [] if os.environ.get("NBGRADER_DB_URL") else [f"--CourseDirectory.db_url={nbtools.gradebook_url(root)}?timeout=120"]
     return nbtools.nbgrader("autograde", chapter, *who, "--create", "--force", *db,

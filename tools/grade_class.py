@@ -273,14 +273,16 @@ def main(argv=None):
         # with the next student when one fails; what failed is picked up below.
         confinement.autograde(args.chapter, root)
     elif ok:
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            list(pool.map(lambda s: confinement.autograde(args.chapter, root, s), ok))
+        # JOBS=N: N nbgrader runs at once, each over its own share of the students.
+        shares = [ok[i::max(1, args.jobs)] for i in range(max(1, args.jobs))]
+        with ThreadPoolExecutor(len(shares)) as pool:
+            list(pool.map(lambda share: confinement.autograde(args.chapter, root, only=share), [s for s in shares if s]))
     batch = time.perf_counter() - t0
     for s in ok:
         status[s] = "graded" if graded(args.chapter, s, root) else None
     for s in ok:
-        if status[s] is None and whole_class and args.jobs <= 1:
-            # nbgrader may have stopped the class run at someone else's notebook: alone, this one may pass.
+        if status[s] is None and len(ok) > 1:
+            # nbgrader may have stopped a run at someone else's notebook: alone, this one may pass.
             confinement.autograde(args.chapter, root, s)
             status[s] = "graded" if graded(args.chapter, s, root) else None
         if status[s] is None:
