@@ -34,10 +34,15 @@ __all__ = ["FallbackGPT", "LabError", "export", "workdir", "run", "torchrun"]
 def workdir(path=None):
     """The folder where the notebook writes mylab.py and training runs write their output.
 
-    ``path``, else $ATTNCOURSE_LAB_DIR, else a folder in the system's temporary directory
-    (the chapter's own folder stays clean: nbgrader hands out every file in it).
+    ``path``, else $ATTNCOURSE_LAB_DIR, else a new folder of its own in the system's temporary
+    directory (the chapter's own folder stays clean: nbgrader hands out every file in it).  Of its
+    own: two notebooks running at once (two learners on one hub, the site build beside a test)
+    sharing one folder would overwrite each other's mylab.py and interleave their logs.
     """
-    folder = Path(path or os.environ.get("ATTNCOURSE_LAB_DIR") or Path(tempfile.gettempdir()) / "attncourse-lab")
+    chosen = path or os.environ.get("ATTNCOURSE_LAB_DIR")
+    if not chosen:
+        return Path(tempfile.mkdtemp(prefix="attncourse-lab-"))
+    folder = Path(chosen)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
