@@ -23,6 +23,7 @@ help:
 	@echo "make collect-zip CH=ch02 unpack an LMS download from downloaded/CH/archive/ into submitted/"
 	@echo "make validate NB=path    run your notebook as the grader will and list what passes (before submitting)"
 	@echo "make benchmark           notebook run time and autograde time per chapter"
+	@echo "make benchmark CLASS=200 [CH=ch04] [JOBS=2]   a generated class graded serially and with JOBS at once"
 
 # The environment: pinned versions, the CPU build of torch (a local wheel on these machines).
 $(STAMP): requirements.txt utils/pyproject.toml solutions/pyproject.toml
@@ -64,7 +65,7 @@ validate: $(STAMP)
 	$(BIN)/python tools/validate.py $(NB)
 
 benchmark: $(STAMP)
-	$(BIN)/python tools/benchmark.py
+	$(BIN)/python tools/benchmark.py $(if $(CLASS),--class-size $(CLASS) $(CH) $(if $(JOBS),--jobs $(JOBS)),)
 
 clean:
 	rm -rf _build release autograded feedback verdicts salvaged gradebook.db grades.csv
