@@ -267,16 +267,12 @@ def main(argv=None):
         status[s] = "graded earlier (kept; --regrade grades it again)"
     ok = [s for s in students if status[s] is None]
     repaired = {s: restore_test_cells(args.chapter, s, root, source) for s in ok}
-    whole_class = not (args.student or args.shard or finished)
-    if ok and args.jobs <= 1 and whole_class:
-        # One nbgrader run for the class: its start-up cost is paid once.  nbgrader goes on
-        # with the next student when one fails; what failed is picked up below.
-        confinement.autograde(args.chapter, root)
-    elif ok:
-        # JOBS=N: N nbgrader runs at once, each over its own share of the students.
-        shares = [ok[i::max(1, args.jobs)] for i in range(max(1, args.jobs))]
-        with ThreadPoolExecutor(len(shares)) as pool:
-            list(pool.map(lambda share: confinement.autograde(args.chapter, root, only=share), [s for s in shares if s]))
+    # One nbgrader run per share of the students (JOBS shares, run at once): its start-up is paid
+    # once per share.  nbgrader goes on with the next student when one fails; what failed is
+    # picked up below.
+    shares = [share for share in (ok[i::max(1, args.jobs)] for i in range(max(1, args.jobs))) if share]
+    with ThreadPoolExecutor(max(1, len(shares))) as pool:
+        list(pool.map(lambda share: confinement.autograde(args.chapter, root, only=share), shares))
     batch = time.perf_counter() - t0
     for s in ok:
         status[s] = "graded" if graded(args.chapter, s, root) else None
