@@ -153,14 +153,15 @@ for pattern in ['gradebook.db', 'chapters/ch02/*.ipynb', 'submitted/*/ch02/*.ipy
     # -- the network ---------------------------------------------------------------------------
     "network": """
 import socket
-for family, kind in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM)]:
-    try:
-        s = socket.socket(family, kind)
-        s.settimeout(2)
-        s.connect(('127.0.0.1', LISTENER_PORT))
-        s.send(b'exfiltrated')
-    except OSError:
-        pass
+for address in HOST_ADDRESSES:
+    for family, kind in [(socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM)]:
+        try:
+            s = socket.socket(family, kind)
+            s.settimeout(2)
+            s.connect((address, LISTENER_PORT))
+            s.send(b'exfiltrated')
+        except OSError:
+            pass
 """ + "REFERENCE_BODY",
     # -- resources -----------------------------------------------------------------------------
     "memory-bomb": """
@@ -219,17 +220,29 @@ def _digest(paths):
     return h.hexdigest()
 
 
+def host_addresses():
+    """This machine's IPv4 addresses, the loopback one first."""
+    found = ["127.0.0.1"]
+    try:
+        found += socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        pass
+    res = subprocess.run(["hostname", "-I"], capture_output=True, text=True)
+    found += [a for a in res.stdout.split() if "." in a] if res.returncode == 0 else []
+    return list(dict.fromkeys(found))
+
+
 class Listener:
-    """A TCP and a UDP socket on the loopback address that record whether anything reached them."""
+    """A TCP and a UDP socket on all of this machine's addresses that record whether anything reached them."""
 
     def __init__(self):
         self.tcp = socket.socket()
-        self.tcp.bind(("127.0.0.1", 0))
+        self.tcp.bind(("0.0.0.0", 0))
         self.tcp.listen(4)
         self.tcp.settimeout(0.5)
         self.port = self.tcp.getsockname()[1]
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind(("127.0.0.1", self.port))
+        self.udp.bind(("0.0.0.0", self.port))
         self.udp.settimeout(0.5)
         self.heard, self.stop = [], False
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -267,7 +280,7 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     listener = Listener()
     body = _reference_body()
     overrides = {n: src.replace("REFERENCE_BODY", body).replace("LISTENER_PORT", str(listener.port))
-                 for n, src in ATTACKS.items()}
+                 .replace("HOST_ADDRESSES", repr(host_addresses())) for n, src in ATTACKS.items()}
     overrides = {n: {TARGET: src} for n, src in overrides.items()}
     overrides["forbidden-builtin"] = {"sdpa": FORBIDDEN_SDPA}
     for student, override in overrides.items():
@@ -318,3 +331,52 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     # No kernel or forked child outlives the class run.
     leftovers = subprocess.run(["pgrep", "-f", "attncourse.sandbox|ipykernel_launcher"], capture_output=True, text=True)
     assert str(root) not in leftovers.stdout
+
+
+def test_a_confined_kernel_runs_gloo_ranks_in_a_network_of_its_own(tmp_path):
+    """The grading kernel's channels are Unix sockets, so it can have a network namespace of its own:
+    chapter 09's DDP code runs there as forked gloo processes, which reach each other and nothing else."""
+    import confinement
+    from jupyter_client.manager import KernelManager
+
+    confinement.ensure_kernelspec()
+    listener = Listener()
+    report = tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if k != "ATTNCOURSE_GRADER_CONTROL"}
+    env.update(ATTNCOURSE_SANDBOX_REPORT=str(report), ATTNCOURSE_SANDBOX_TMP=str(tmp_path / "tmp"))
+    km = KernelManager(kernel_name=confinement.KERNEL)
+    km.start_kernel(cwd=str(tmp_path), env=env)
+    code = f"""
+import os, socket, torch, torch.distributed as dist
+from attncourse.lab.ranks import ranks_can_be_processes, run_ranks
+def where(x):
+    dist.all_reduce(x)
+    return os.getpid(), dist.get_backend(), x.item()
+reached = []
+for address in {host_addresses()!r}:
+    try:
+        socket.create_connection((address, {listener.port}), timeout=2).send(b'exfiltrated')
+        reached.append(address)
+    except OSError:
+        pass
+import json
+print(json.dumps([ranks_can_be_processes(), run_ranks(where, [(torch.ones(1),), (torch.ones(1),)]), os.getpid(), reached]))
+"""
+    try:
+        client = km.blocking_client()
+        client.start_channels()
+        client.wait_for_ready(timeout=60)
+        out = []
+        client.execute_interactive(code, timeout=120, output_hook=lambda m: out.append(m["content"].get("text", "")))
+        client.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)
+        listener.close()
+    facts = json.loads(report.read_text())
+    assert facts["network"] == "private namespace (loopback only)" and facts["tcp"] is False, facts
+    assert km.transport == "ipc"
+    text = "".join(out)
+    processes, results, kernel_pid, reached = json.loads(text)
+    assert processes and len({pid for pid, _, _ in results} | {kernel_pid}) == 3, text
+    assert all(backend == "gloo" and value == 2.0 for _, backend, value in results), text
+    assert reached == [] and not listener.heard, (reached, listener.heard)

@@ -4,6 +4,7 @@ import linecache
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -221,18 +222,65 @@ def test_peak_table():
     assert hardware.gpu_peak_tflops("NVIDIA A10G") is None and hardware.gpu_peak_tflops("Some GPU") is None
 
 
-def test_run_ranks_reports_hangs_and_errors():
+@pytest.mark.parametrize("processes", [True, False], ids=["gloo-processes", "threads"])
+def test_run_ranks_reports_hangs_and_errors(processes):
     def one_sided(x):
         if torch.distributed.get_rank() == 0:
             torch.distributed.all_reduce(x)
         return x
 
+    # gloo notices at once that the peer left; the threaded group waits for the timeout.
+    with pytest.raises((TimeoutError, RuntimeError), match="same collective calls"):
+        run_ranks(one_sided, [(torch.ones(1),), (torch.ones(1),)], timeout=2, processes=processes)
+
+    def stuck(x):
+        if torch.distributed.get_rank() == 0:
+            time.sleep(30)
+        return x
+
+    started = time.monotonic()
     with pytest.raises(TimeoutError, match="same collective calls"):
-        run_ranks(one_sided, [(torch.ones(1),), (torch.ones(1),)], timeout=2)
+        run_ranks(stuck, [(torch.ones(1),), (torch.ones(1),)], timeout=2, processes=processes)
+    assert time.monotonic() - started < 10
 
     def broken(x):
         raise KeyError("boom")
 
     with pytest.raises(KeyError):
-        run_ranks(broken, [(torch.ones(1),), (torch.ones(1),)])
+        run_ranks(broken, [(torch.ones(1),), (torch.ones(1),)], processes=processes)
     assert not torch.distributed.is_initialized()
+
+
+def test_run_ranks_in_processes_are_gloo_processes_and_report_to_a_watch():
+    import os
+
+    def who(x):
+        torch.distributed.all_reduce(x)
+        return os.getpid(), torch.distributed.get_backend(), x
+
+    outs = run_ranks(who, [(torch.tensor([1.0]),), (torch.tensor([2.0]),), (torch.tensor([4.0]),)], processes=True)
+    assert len({pid for pid, _, _ in outs} | {os.getpid()}) == 4
+    assert all(backend == "gloo" and x.item() == 7.0 for _, backend, x in outs)
+
+    class Watch:                    # as the grader's watch on calls into the reference package
+        hit = None
+
+        def __call__(self, frame, event, arg):
+            if event == "call" and frame.f_code.co_name == "marked" and self.hit is None:
+                self.hit = "marked"
+
+    def marked():
+        return 1
+
+    def calls_marked(x):
+        return marked() + x if torch.distributed.get_rank() == 1 else x
+
+    watch = Watch()
+    sys.setprofile(watch)
+    try:
+        run_ranks(calls_marked, [(0,), (0,)], processes=True)
+    finally:
+        sys.setprofile(None)
+    assert watch.hit == "marked"
+    with pytest.raises(RuntimeError, match="unpicklable"):
+        run_ranks(lambda: (lambda: 0), [(), ()], processes=True)

@@ -26,12 +26,14 @@ atexit.register(lambda: stop_server())
 
 def ensure_kernelspec():
     """Install the confined kernelspec into this environment (idempotent)."""
-    # log_level=ERROR: ipykernel's warning that it runs over TCP without encryption (the ports are
-    # on the loopback address and no other kernel may connect to them) would print once per student.
+    # The provisioner gives each kernel Unix-socket channels in a folder of its own, which lets the
+    # kernel live in a private network namespace.  log_level=ERROR: ipykernel's warnings (e.g. that
+    # its channels are not encrypted; no other kernel can reach them) would print once per student.
     spec = {"argv": [sys.executable, "-m", "attncourse.sandbox", "-f", "{connection_file}",
                      "--IPKernelApp.log_level=ERROR"],
             "display_name": "Python 3 (attncourse grading sandbox)", "language": "python",
-            "metadata": {"debugger": False}}
+            "metadata": {"debugger": False,
+                         "kernel_provisioner": {"provisioner_name": "attncourse-sandbox-provisioner"}}}
     path = Path(sys.prefix) / "share" / "jupyter" / "kernels" / KERNEL / "kernel.json"
     if not path.exists() or json.loads(path.read_text()) != spec:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -204,4 +206,5 @@ def describe(facts):
     if not facts.get("landlock_abi"):
         return "UNCONFINED: this platform has no Landlock; the kernel could read and write as the grader"
     procs = "pids cgroup" if facts.get("cgroup") else "RLIMIT_NPROC or none"
-    return f"confined (Landlock ABI {facts['landlock_abi']}, processes: {procs})"
+    network = facts.get("network") or "the machine's"
+    return f"confined (Landlock ABI {facts['landlock_abi']}, processes: {procs}, network: {network})"

@@ -101,7 +101,7 @@ def _run_case(i, call, arrays, candidate):
         module.eval()
         out = module(*args, **kwargs)
     elif call["kind"] == "ranks":
-        # DDP code on several ranks of an in-process process group (threads; no sockets, no processes).
+        # DDP code on several ranks: a gloo process each (threads where processes cannot talk).
         from .lab.ranks import run_ranks
         out = run_ranks(candidate, [[_decode(a, arrays, p) for a in rank] for rank in call["ranks"]])
     elif call["kind"] == "loader":

@@ -8,8 +8,12 @@ confines itself, for good (every process it starts inherits all of it):
   package, and read and write only its own folder (the submission's working copy) and a private
   temporary directory; the reference solutions, other students' folders, the gradebook and the
   course are out of reach;
-- **network** (Landlock + seccomp): it may bind the kernel's own TCP ports, connect to no TCP
-  port, and open no UDP or raw socket (Unix sockets stay: the grading channel is one);
+- **network** (a network namespace, or Landlock; and seccomp): a kernel whose channels are Unix
+  sockets (the grader's provisioner, attncourse/kernel_provisioner.py) gets a network namespace
+  of its own with only a loopback interface: its processes may talk to each other over TCP (the
+  gloo ranks of chapter 09) and reach nothing else.  Where no namespace can be made, or the
+  channels are TCP ports, Landlock lets it bind its own ports and connect to none.  Either way it
+  opens no UDP or raw socket (Unix sockets stay: the grading channel is one);
 - **resources** (rlimits, and a pids cgroup where one can be made): address space, file size,
   open files and processes are bounded, so a memory bomb, a disk filler or a fork loop fails
   inside the submission instead of hurting the grader or another student;
@@ -75,8 +79,9 @@ def landlock_abi():
 
 
 def _landlock(read_paths, write_paths, file_rules, tcp_bind_ports, abi):
+    """Files, and TCP unless ``tcp_bind_ports`` is None (a private network namespace holds TCP)."""
     fs = _FS_BY_ABI[min(abi, 5)]
-    net = (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0
+    net = (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 and tcp_bind_ports is not None else 0
     scoped = (_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL) if abi >= 6 else 0
     attr = struct.pack("QQQ", fs, net, scoped) if abi >= 6 else struct.pack("QQ", fs, net) if abi >= 4 \
         else struct.pack("Q", fs)
@@ -106,8 +111,44 @@ def _landlock(read_paths, write_paths, file_rules, tcp_bind_ports, abi):
     return {"filesystem": True, "tcp": bool(net), "signals_and_abstract_sockets": bool(scoped)}
 
 
-# seccomp: socket() may create Unix sockets and TCP sockets (the kernel's own ports; Landlock
-# decides which), nothing else; io_uring (which would bypass both) is refused.
+_CLONE_NEWNET, _CLONE_NEWUSER = 0x40000000, 0x10000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def _private_network():
+    """Move this process into a new network namespace whose loopback interface is up.  As root
+    directly; otherwise inside a new user namespace that maps this user to itself.  False where
+    neither may be made (the caller then restricts TCP with Landlock)."""
+    if sys.platform != "linux":
+        return False
+    try:
+        if os.geteuid() == 0:
+            _syscall_unshare(_CLONE_NEWNET)
+        else:
+            uid, gid = os.geteuid(), os.getegid()
+            _syscall_unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
+            for name, text in [("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")]:
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+        import fcntl
+        import socket
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            ifreq = struct.pack("16sH14x", b"lo", 0)
+            flags = struct.unpack("16sH14x", fcntl.ioctl(sock, _SIOCGIFFLAGS, ifreq))[1]
+            fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+        return True
+    except OSError:
+        return False
+
+
+def _syscall_unshare(flags):
+    if _libc.unshare(ctypes.c_int(flags)) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+# seccomp: socket() may create Unix sockets and TCP sockets (inside the kernel's own network
+# namespace, or on the ports Landlock allows), nothing else; io_uring (which would bypass
+# Landlock) is refused.
 _AUDIT_ARCH = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
 
 
@@ -204,11 +245,17 @@ def read_paths():
              "/proc"}
     exe = os.path.realpath(sys.executable)
     paths.add(os.path.dirname(os.path.dirname(exe)))
+    # gloo (chapter 09's DDP ranks) reads the PCI devices' attributes to place its network device.
+    pci = "/sys/bus/pci/devices"
+    if os.path.isdir(pci):
+        paths.add(pci)
+        paths.update(os.path.realpath(os.path.join(pci, d)) for d in os.listdir(pci))
     return sorted(paths)
 
 
-def confine(connection_file):
-    """Apply everything; return (connection file to use, report dict)."""
+def confine(connection_file, private_net=False):
+    """Apply everything (``private_net``: this process is in a network namespace of its own);
+    return (connection file to use, report dict)."""
     report = {"platform": sys.platform, "landlock_abi": landlock_abi(), "confined": False}
     tmp = os.environ["ATTNCOURSE_SANDBOX_TMP"]
     os.makedirs(tmp, exist_ok=True)
@@ -218,7 +265,10 @@ def confine(connection_file):
     shutil.copy(connection_file, conn)
     with open(conn) as f:
         info = json.load(f)
-    ports = [int(info[k]) for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port") if info.get(k)]
+    ipc = info.get("transport") == "ipc"
+    report["network"] = network_name(private_net)
+    ports = None if private_net else \
+        [] if ipc else [int(info[k]) for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port") if info.get(k)]
     _limits(report)
     if _prctl(_PR_SET_NO_NEW_PRIVS, 1) != 0:
         raise OSError(ctypes.get_errno(), "no_new_privs")
@@ -227,15 +277,22 @@ def confine(connection_file):
         devices = [("/dev/null", _FS["read_file"] | _FS["write_file"]), ("/dev/zero", _FS["read_file"]),
                    ("/dev/urandom", _FS["read_file"]), ("/dev/random", _FS["read_file"])]
         readable, writable = read_paths(), [os.getcwd(), tmp]
+        if ipc:
+            writable.append(os.path.dirname(os.path.abspath(info["ip"])))    # the channels' sockets
         report.update(_landlock(readable, writable, devices, ports, abi))
         report.update(read=readable, write=writable)
     report["socket_filter"] = _seccomp_socket_filter() if sys.platform == "linux" else False
-    report["capabilities_dropped"] = _drop_capabilities() if os.geteuid() == 0 else "not root"
+    # Root, or a user namespace's owner (a private network made without root): no capability kept.
+    report["capabilities_dropped"] = _drop_capabilities() if os.geteuid() == 0 or private_net else "not root"
     report["confined"] = bool(abi)
     return conn, report
 
 
-def open_channel(tmp, cgroup):
+def network_name(private_net):
+    return "private namespace (loopback only)" if private_net else "the machine's"
+
+
+def open_channel(tmp, cgroup, private_net):
     """Ask the class grader's server for this kernel's grading channel (before confinement).
 
     The server answers only unconfined callers (it checks NoNewPrivs of the connecting process),
@@ -250,7 +307,8 @@ def open_channel(tmp, cgroup):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(control)
         rfile, wfile = sock.makefile("rb"), sock.makefile("wb")
-        _wire.send(wfile, {"open": os.getcwd(), "tmp": tmp, "cgroup": cgroup, "landlock_abi": landlock_abi()})
+        _wire.send(wfile, {"open": os.getcwd(), "tmp": tmp, "cgroup": cgroup, "landlock_abi": landlock_abi(),
+                           "network": network_name(private_net)})
         reply, _ = _wire.recv(rfile)
     if "error" in reply:
         raise SystemExit(f"grading channel refused: {reply['error']}")
@@ -287,8 +345,11 @@ def main(argv):
     cgroup = _make_cgroup() if sys.platform == "linux" and os.geteuid() == 0 else None
     if cgroup:
         os.environ["ATTNCOURSE_SANDBOX_CGROUP"] = cgroup
-    open_channel(tmp, cgroup)
-    conn, report = confine(argv[i + 1])
+    with open(argv[i + 1]) as f:
+        ipc = json.load(f).get("transport") == "ipc"      # channels that need no TCP port in this network
+    private_net = ipc and _private_network()
+    open_channel(tmp, cgroup, private_net)
+    conn, report = confine(argv[i + 1], private_net)
     out = os.environ.pop("ATTNCOURSE_SANDBOX_REPORT", None)
     if out:
         with open(out, "w") as f:

@@ -211,14 +211,15 @@ def module_grad_case(module, init, args, kwargs=None, *, rng, grad_args=(0,), gr
 
 def ranks_case(fn, per_rank_args, *, describe="", tol=None):
     """Call ``fn(*per_rank_args[r])`` on every rank r of a torch.distributed group of len(per_rank_args)
-    ranks (attncourse.lab.ranks: one thread per rank, PyTorch's in-process process group, no sockets);
-    the outputs of all ranks, in rank order.  For DDP code (e.g. an all-reduce) on both sides."""
+    ranks; the outputs of all ranks, in rank order.  For DDP code (e.g. an all-reduce) on both sides.
+    The submission's ranks are gloo processes (attncourse.lab.ranks); the reference's are threads:
+    its outputs do not depend on how ranks are run, and this server must not fork its threads."""
     from attncourse.lab.ranks import run_ranks
     arrays = {}
     call = {"kind": "ranks", "args": [], "kwargs": {},
             "ranks": [[_encode(a, arrays, f"r{r}.arg{i}") for i, a in enumerate(args)]
                       for r, args in enumerate(per_rank_args)]}
-    expected = _flatten(run_ranks(fn, per_rank_args))
+    expected = _flatten(run_ranks(fn, per_rank_args, processes=False))
     text = describe or f"on {len(per_rank_args)} ranks: " + ", ".join(
         f"rank {r} {_describe_call(args, {})}" for r, args in enumerate(per_rank_args))
     return Case(call, arrays, expected, text, tol or {})

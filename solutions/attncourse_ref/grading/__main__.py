@@ -274,7 +274,8 @@ def serve(control_path, root):
                         forbid = {t: list(f) for t, f in FORBID.items() if t.startswith(chapter + ".") and f}
                         with open(record, "w") as f:               # a new attempt starts a new record
                             f.write(json.dumps({"sandbox": {"landlock_abi": req.get("landlock_abi"),
-                                                            "cgroup": bool(req.get("cgroup"))},
+                                                            "cgroup": bool(req.get("cgroup")),
+                                                            "network": req.get("network")},
                                                 "forbid": forbid}) + "\n")
                     channel = {"socket": os.path.join(chan_dir, secrets.token_hex(16) + ".sock"),
                                "token": secrets.token_hex(32), "record": record}

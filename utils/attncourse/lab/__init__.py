@@ -7,7 +7,7 @@
 - ``attncourse.lab.data``: Shakespeare tokenised once to memory-mapped files.
 - ``attncourse.lab.hardware``: peak FLOP/s per GPU (for MFU).
 - ``attncourse.lab.compare``: the CPU mode against the classic minimal-GPT recipe, side by side.
-- ``attncourse.lab.ranks``: run a function on several ranks of a process group inside one process.
+- ``attncourse.lab.ranks``: run a function on several ranks of a gloo process group, from one call.
 
 Nothing here is a graded exercise: the training program imports those from your module.
 
