@@ -1,6 +1,7 @@
 """The chapter 09 training program: DDP equivalence under torchrun, exact resumption, clear messages for bad input."""
 import csv
 import linecache
+import math
 import os
 import subprocess
 import sys
@@ -52,6 +53,22 @@ def test_resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit(workdir):
     assert both and all(a == b for a, b in both)
     ckpt = torch.load(workdir / "resumed" / "ckpt.pt", weights_only=False)
     assert {"model", "optimizer", "step", "sampler", "rng", "config"} <= set(ckpt) and ckpt["step"] == 12
+
+
+@pytest.mark.slow
+def test_the_gpu_code_paths_run_on_a_cpu_compiled_under_bfloat16_autocast(workdir):
+    """torch.compile and bfloat16 autocast, the GPU recipe's settings, on a CPU (no GPU in CI): the
+    compiled model trains from the eager model's loss, and its checkpoint resumes without compile."""
+    args = TINY + ["--batch-size", "4", "--dtype", "bfloat16", "--max-steps", "4"]
+    assert run_cli(args + ["--out-dir", str(workdir / "eager"), "--compile", "off"], workdir) == 0
+    assert run_cli(args + ["--out-dir", str(workdir / "compiled"), "--compile", "on", "--stop-after", "2"], workdir) == 0
+    state = torch.load(workdir / "compiled" / "ckpt.pt", weights_only=False)["model"]
+    assert not any(k.startswith("_orig_mod.") for k in state)       # the plain model's names, not the wrapper's
+    assert run_cli(args + ["--out-dir", str(workdir / "compiled"), "--compile", "off", "--resume"], workdir) == 0
+    eager, compiled = log(workdir / "eager" / "log.csv"), log(workdir / "compiled" / "log.csv")
+    assert [r["step"] for r in compiled] == ["1", "2", "3", "4"]
+    assert all(math.isfinite(float(r["train_loss"])) for r in compiled)
+    assert abs(float(compiled[0]["train_loss"]) - float(eager[0]["train_loss"])) < 0.02
 
 
 def test_resume_refuses_a_different_schedule(workdir, capsys):
