@@ -134,7 +134,8 @@ def _in_processes(fn, per_rank_args, timeout):
     done = sorted(rank for rank, (status, _, _) in replies.items() if status == "ok")
     if errors and done and type(errors[0]) is RuntimeError:    # gloo: a peer left while this rank waited
         raise RuntimeError(f"rank(s) {done} had already returned when another rank failed in a collective: "
-                           f"does every rank make the same collective calls in the same order? ({errors[0]})")
+                           "does every rank make the same collective calls in the same order? "
+                           f"(gloo: {str(errors[0]).split(' This is typically')[0]})")
     if errors:
         raise errors[0]
     if len(replies) < world_size:
