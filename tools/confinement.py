@@ -19,6 +19,7 @@ from pathlib import Path
 import nbtools
 
 KERNEL = "attncourse-sandbox"
+PROVISIONER = "attncourse-sandbox-provisioner"     # utils/pyproject.toml registers it
 _server = None
 _server_lock = threading.Lock()     # JOBS=N: grader threads must share one server, not race to start several
 atexit.register(lambda: stop_server())
@@ -33,7 +34,11 @@ def ensure_kernelspec():
                      "--IPKernelApp.log_level=ERROR"],
             "display_name": "Python 3 (attncourse grading sandbox)", "language": "python",
             "metadata": {"debugger": False,
-                         "kernel_provisioner": {"provisioner_name": "attncourse-sandbox-provisioner"}}}
+                         "kernel_provisioner": {"provisioner_name": PROVISIONER}}}
+    from importlib.metadata import entry_points
+    if not entry_points(group="jupyter_client.kernel_provisioners", name=PROVISIONER):
+        raise SystemExit(f"the grading kernel's provisioner {PROVISIONER!r} is not installed in this environment: "
+                         "run `make env` (or `pip install -e utils`) again")
     path = Path(sys.prefix) / "share" / "jupyter" / "kernels" / KERNEL / "kernel.json"
     if not path.exists() or json.loads(path.read_text()) != spec:
         path.parent.mkdir(parents=True, exist_ok=True)
