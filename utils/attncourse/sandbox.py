@@ -61,11 +61,14 @@ def _prctl(option, arg2=0, arg3=0):
                        ctypes.c_ulong(0))
 
 
-def _syscall(nr, *args):
-    res = _libc.syscall(ctypes.c_long(nr), *args)
+def _checked(res):
     if res < 0:
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
     return res
+
+
+def _syscall(nr, *args):
+    return _checked(_libc.syscall(ctypes.c_long(nr), *args))
 
 
 def landlock_abi():
@@ -123,10 +126,10 @@ def _private_network():
         return False
     try:
         if os.geteuid() == 0:
-            _syscall_unshare(_CLONE_NEWNET)
+            _checked(_libc.unshare(ctypes.c_int(_CLONE_NEWNET)))
         else:
             uid, gid = os.geteuid(), os.getegid()
-            _syscall_unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
+            _checked(_libc.unshare(ctypes.c_int(_CLONE_NEWUSER | _CLONE_NEWNET)))
             for name, text in [("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")]:
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
@@ -139,11 +142,6 @@ def _private_network():
         return True
     except OSError:
         return False
-
-
-def _syscall_unshare(flags):
-    if _libc.unshare(ctypes.c_int(flags)) != 0:
-        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
 # seccomp: socket() may create Unix sockets and TCP sockets (inside the kernel's own network
@@ -253,20 +251,22 @@ def read_paths():
     return sorted(paths)
 
 
-def confine(connection_file, private_net=False):
-    """Apply everything (``private_net``: this process is in a network namespace of its own);
-    return (connection file to use, report dict)."""
+def confine(connection_file, cgroup=None):
+    """Apply everything, asking the grading server for a channel first; return (connection file
+    to use, report dict)."""
     report = {"platform": sys.platform, "landlock_abi": landlock_abi(), "confined": False}
     tmp = os.environ["ATTNCOURSE_SANDBOX_TMP"]
     os.makedirs(tmp, exist_ok=True)
-    _private_home(tmp)
     # The connection file lives in the grader's runtime folder, out of reach once confined.
     conn = os.path.join(tmp, os.path.basename(connection_file))
     shutil.copy(connection_file, conn)
     with open(conn) as f:
         info = json.load(f)
-    ipc = info.get("transport") == "ipc"
-    report["network"] = network_name(private_net)
+    ipc = info.get("transport") == "ipc"           # channels that need no TCP port in the machine's network
+    private_net = ipc and _private_network()
+    report["network"] = "private namespace (loopback only)" if private_net else "the machine's"
+    open_channel(tmp, cgroup, report["network"])
+    _private_home(tmp)
     ports = None if private_net else \
         [] if ipc else [int(info[k]) for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port") if info.get(k)]
     _limits(report)
@@ -288,11 +288,7 @@ def confine(connection_file, private_net=False):
     return conn, report
 
 
-def network_name(private_net):
-    return "private namespace (loopback only)" if private_net else "the machine's"
-
-
-def open_channel(tmp, cgroup, private_net):
+def open_channel(tmp, cgroup, network):
     """Ask the class grader's server for this kernel's grading channel (before confinement).
 
     The server answers only unconfined callers (it checks NoNewPrivs of the connecting process),
@@ -308,7 +304,7 @@ def open_channel(tmp, cgroup, private_net):
         sock.connect(control)
         rfile, wfile = sock.makefile("rb"), sock.makefile("wb")
         _wire.send(wfile, {"open": os.getcwd(), "tmp": tmp, "cgroup": cgroup, "landlock_abi": landlock_abi(),
-                           "network": network_name(private_net)})
+                           "network": network})
         reply, _ = _wire.recv(rfile)
     if "error" in reply:
         raise SystemExit(f"grading channel refused: {reply['error']}")
@@ -345,11 +341,7 @@ def main(argv):
     cgroup = _make_cgroup() if sys.platform == "linux" and os.geteuid() == 0 else None
     if cgroup:
         os.environ["ATTNCOURSE_SANDBOX_CGROUP"] = cgroup
-    with open(argv[i + 1]) as f:
-        ipc = json.load(f).get("transport") == "ipc"      # channels that need no TCP port in this network
-    private_net = ipc and _private_network()
-    open_channel(tmp, cgroup, private_net)
-    conn, report = confine(argv[i + 1], private_net)
+    conn, report = confine(argv[i + 1], cgroup)
     out = os.environ.pop("ATTNCOURSE_SANDBOX_REPORT", None)
     if out:
         with open(out, "w") as f:
