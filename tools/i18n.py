@@ -1,0 +1,368 @@
+"""The Chinese edition: gettext catalogues of the English source, and the copies translated with them.
+
+    python tools/i18n.py update            after an English edit: add new paragraphs, flag changed ones
+                                           fuzzy (stale), drop removed ones; rewrites README.zh.md
+    python tools/i18n.py status [NAME...]  what is missing, stale or unfaithful (what `make test` checks)
+    python tools/i18n.py notebook IN OUT   translate a notebook's Markdown cells (e.g. a release notebook)
+
+English is the source.  Every chapter notebook and page has one catalogue,
+``translations/zh/<name>.po``: its entries are the text units of the Markdown (a paragraph, a
+heading, a list item or a table row), never code, display math or outputs.  A translated copy
+replaces each unit whose entry is translated and not fuzzy, and keeps the English of any other, so
+a stale translation is never shown.  Catalogues are read and written with Babel; a translator can
+use any gettext tool (Poedit, Weblate, ...).
+"""
+import argparse
+import difflib
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from babel.messages.catalog import Catalog
+from babel.messages.pofile import PoFileError, read_po, write_po
+
+ROOT = Path(__file__).resolve().parent.parent
+LANGUAGE = "zh"
+CATALOGUES = ROOT / "translations" / LANGUAGE
+README_SECTIONS_END = "## For instructors"   # README.zh.md: the README up to this heading
+
+
+HEADER = """\
+# Chinese (zh_CN) translation of {path}: Attention and Transformers.
+# Made by `python tools/i18n.py update` from the English; translate the msgstr lines only.
+# A fuzzy entry is stale (its English changed): update the translation, then remove the flag.
+# Keep numbers, $formulas$, `code` and link targets exactly as in the English.
+#"""
+
+
+class CatalogueError(Exception):
+    """A catalogue that cannot be read: the message names the file and the line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Text units of a Markdown source
+
+_FENCE = re.compile(r"^\s*(```+|~~~+)")
+_LIST_ITEM = re.compile(r"^(\s*)([-*+]|\d+[.)])\s+")
+_TABLE_RULE = re.compile(r"^\s*\|[\s:|-]+\|\s*$")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s")
+
+
+def _starts_block(line):
+    s = line.strip()
+    return (not s or bool(_FENCE.match(line)) or s.startswith("$$") or bool(_HEADING.match(line))
+            or s.startswith("|") or bool(_LIST_ITEM.match(line)))
+
+
+def split_units(text):
+    """[(source, translatable)] whose sources, joined, give back ``text`` exactly.
+
+    A unit is a heading, a paragraph, a list item (with its continuation lines), a table row, a
+    fenced code block or a display-math block; code, math, table rules and blank lines are not
+    translatable, nor is a unit with no words outside inline math and code."""
+    lines = text.splitlines(keepends=True)
+    units, i = [], 0
+    while i < len(lines):
+        line, s = lines[i], lines[i].strip()
+        j = i + 1
+        if not s:
+            units.append((line, False))
+            i = j
+            continue
+        fence = _FENCE.match(line)
+        if fence:
+            while j < len(lines) and not lines[j].strip().startswith(fence.group(1)):
+                j += 1
+            units.append(("".join(lines[i:j + 1]), False))
+            i = j + 1
+            continue
+        if s.startswith("$$"):
+            if not (len(s) >= 4 and s.endswith("$$")):
+                while j < len(lines) and not lines[j].rstrip().endswith("$$"):
+                    j += 1
+                j += 1
+            units.append(("".join(lines[i:j]), False))
+            i = j
+            continue
+        if _HEADING.match(line) or s.startswith("|"):
+            units.append((line, not _TABLE_RULE.match(line) and _has_words(line)))
+            i = j
+            continue
+        item = _LIST_ITEM.match(line)
+        while j < len(lines) and not _starts_block(lines[j]):
+            j += 1
+        if item:   # continuation lines of an item are indented; a nested item is a unit of its own
+            while j < len(lines) and lines[j].strip() and not _starts_block(lines[j]):
+                j += 1
+        unit = "".join(lines[i:j])
+        units.append((unit, _has_words(unit)))
+        i = j
+    return units
+
+
+_INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
+_INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$", re.S)
+_DISPLAY_MATH = re.compile(r"\$\$(.+?)\$\$", re.S)
+
+
+def _without_code_and_math(text):
+    text = _INLINE_CODE.sub(" ", text)
+    text = _DISPLAY_MATH.sub(" ", text)
+    return _INLINE_MATH.sub(" ", text)
+
+
+def _has_words(text):
+    return bool(re.search(r"[A-Za-z]{2,}", _without_code_and_math(text)))
+
+
+def _msgid(unit):
+    """A unit's entry: its text without the final line break (which the copy keeps)."""
+    return unit.rstrip("\n")
+
+
+def translate_text(text, lookup):
+    """``text`` with every translatable unit that ``lookup`` (msgid -> str or None) translates."""
+    out = []
+    for unit, translatable in split_units(text):
+        key = _msgid(unit)
+        new = lookup(key) if translatable else None
+        out.append(new + unit[len(key):] if new else unit)
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sources: one catalogue per chapter notebook and per page
+
+@dataclass
+class Source:
+    name: str            # the catalogue's name: translations/zh/<name>.po
+    path: Path           # the English source
+
+    @property
+    def catalogue(self):
+        return CATALOGUES / f"{self.name}.po"
+
+    def texts(self):
+        """[(location, Markdown text)] in source order."""
+        if self.path.suffix == ".ipynb":
+            nb = nbformat.read(str(self.path), as_version=4)
+            return [(f"{self.path.name}#{c.get('id', i)}", c.source)
+                    for i, c in enumerate(nb.cells) if c.cell_type == "markdown"]
+        if self.name == "book":
+            return [(p.name, t) for p, t in _book_strings()]
+        text = self.path.read_text(encoding="utf-8")
+        if self.name == "README":
+            text = text.split(README_SECTIONS_END)[0]
+        return [(self.path.name, text)]
+
+    def units(self):
+        """[(msgid, location)] of the translatable units, each msgid once, in source order."""
+        seen = {}
+        for location, text in self.texts():
+            for unit, translatable in split_units(text):
+                if translatable:
+                    seen.setdefault(_msgid(unit), location)
+        return list(seen.items())
+
+
+def _book_strings():
+    """The site's own strings: the book title in _config.yml and the table of contents' captions."""
+    config, toc = ROOT / "_config.yml", ROOT / "_toc.yml"
+    title = re.search(r'^title:\s*"?(.*?)"?\s*$', config.read_text(encoding="utf-8"), re.M).group(1)
+    captions = re.findall(r"^\s*- caption:\s*(.+?)\s*$", toc.read_text(encoding="utf-8"), re.M)
+    return [(config, title)] + [(toc, c) for c in captions]
+
+
+def sources():
+    chapters = sorted(p for p in (ROOT / "chapters").glob("ch*/*.ipynb"))
+    pages = [Source("intro", ROOT / "intro.md"), Source("glossary", ROOT / "glossary.md"),
+             Source("README", ROOT / "README.md"), Source("book", ROOT / "_toc.yml")]
+    return [Source(p.parent.name, p) for p in chapters] + pages
+
+
+def source(name):
+    for s in sources():
+        if s.name == name:
+            return s
+    raise KeyError(f"no source called {name!r}; the catalogues are: {', '.join(s.name for s in sources())}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Catalogues
+
+def read_catalogue(path):
+    """The catalogue at ``path`` (an empty one if there is none); a malformed file raises CatalogueError."""
+    path = Path(path)
+    if not path.exists():
+        return Catalog(locale=LANGUAGE, fuzzy=False)
+    try:
+        with open(path, "rb") as f:
+            return read_po(f, locale=LANGUAGE, abort_invalid=True)
+    except (PoFileError, ValueError, UnicodeDecodeError) as e:
+        raise CatalogueError(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: "
+                             f"not a valid gettext catalogue ({e}). Fix it with a .po editor, or restore "
+                             "it from git and run `python tools/i18n.py update`.") from None
+
+
+def write_catalogue(catalog, path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        write_po(f, catalog, width=0, ignore_obsolete=True, include_previous=True, sort_output=False)
+
+
+def update(src):
+    """Bring ``src``'s catalogue up to date with the English: new units become empty entries, a changed
+    unit keeps its old translation flagged fuzzy (with the previous English), removed units go."""
+    old = read_catalogue(src.catalogue)
+    template = Catalog(locale=LANGUAGE, fuzzy=False)
+    for msgid, location in src.units():
+        template.add(msgid, locations=[(location, None)])
+    catalog = Catalog(locale=LANGUAGE, fuzzy=False, project="Attention and Transformers",
+                      copyright_holder="the course team", language_team="Chinese (zh_CN)",
+                      creation_date=old.creation_date if src.catalogue.exists() else None,
+                      revision_date=old.revision_date if src.catalogue.exists() else None,
+                      header_comment=HEADER.format(name=src.name, path=src.path.relative_to(ROOT)))
+    translated = {m.id: m for m in old if m.id}
+    for m in template:
+        if not m.id:
+            continue
+        prev = translated.get(m.id)
+        if prev is not None:
+            catalog.add(m.id, prev.string, locations=m.locations, flags=prev.flags,
+                        user_comments=prev.user_comments, previous_id=prev.previous_id if prev.fuzzy else ())
+        else:
+            catalog.add(m.id, "", locations=m.locations)
+    _carry_changed(catalog, [m for m in old if m.id and m.id not in catalog and m.string])
+    write_catalogue(catalog, src.catalogue)
+    return catalog
+
+
+def _carry_changed(catalog, gone):
+    """Give each new (untranslated) entry the translation of the most similar removed entry, if one is
+    similar enough, flagged fuzzy with the previous English: what msgmerge does."""
+    for m in catalog:
+        if not m.id or m.string or not gone:
+            continue
+        best = max(gone, key=lambda g: difflib.SequenceMatcher(None, g.id, m.id).ratio())
+        if difflib.SequenceMatcher(None, best.id, m.id).ratio() >= 0.6:
+            m.string, m.previous_id = best.string, [best.id]
+            m.flags.add("fuzzy")
+            m.user_comments = list(best.user_comments)
+            gone.remove(best)
+
+
+def translations(name):
+    """{English unit: Chinese} of the entries that are translated and not stale."""
+    return {m.id: m.string for m in read_catalogue(source(name).catalogue)
+            if m.id and m.string and not m.fuzzy}
+
+
+def translate_notebook(nb, name):
+    """A copy of ``nb`` with its Markdown cells in Chinese (code cells, outputs and metadata untouched)."""
+    table = translations(name)
+    nb = nbformat.from_dict(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = translate_text(cell.source, table.get)
+    nb.metadata["language_info_course"] = LANGUAGE
+    return nb
+
+
+def translate_page(name, text=None):
+    src = source(name)
+    text = src.path.read_text(encoding="utf-8") if text is None else text
+    return translate_text(text, translations(name).get)
+
+
+def translated_book_strings():
+    table = translations("book")
+    return {t: table.get(t, t) for _, t in _book_strings()}
+
+
+def readme_zh():
+    """README.zh.md: the README's sections for learners, in Chinese, with a pointer to the rest."""
+    src = source("README")
+    text = src.path.read_text(encoding="utf-8").split(README_SECTIONS_END)[0]
+    note = translations("README").get(README_NOTE, README_NOTE)
+    return translate_text(text, translations("README").get).rstrip("\n") + "\n\n" + note + "\n"
+
+
+README_NOTE = ("The instructors' and maintainers' sections are in the English [README.md](README.md); "
+               "the Chinese website is built by `make site` into `_build/html/zh/`.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Status: missing, stale and unfaithful entries
+
+def status(src, glossary=None):
+    """[problem line] for ``src``: untranslated or stale units, and translations that differ from their
+    English in numbers, formulas, inline code, link targets, Markdown structure or glossary terms."""
+    from i18n_fidelity import problems as fidelity_problems
+    catalog = read_catalogue(src.catalogue)
+    entries = {m.id: m for m in catalog if m.id}
+    out = []
+    for msgid, location in src.units():
+        m = entries.get(msgid)
+        where = f"{src.name} ({location})"
+        if m is None or not m.string:
+            out.append(f"{where}: missing: {_snippet(msgid)}")
+        elif m.fuzzy:
+            out.append(f"{where}: stale (the English changed): {_snippet(msgid)}")
+        else:
+            out += [f"{where}: {p}: {_snippet(msgid)}" for p in fidelity_problems(msgid, m.string, m, glossary)]
+    current = {u for u, _ in src.units()}
+    out += [f"{src.name}: unused entry (run `python tools/i18n.py update`): {_snippet(k)}"
+            for k in entries if k not in current]
+    return out
+
+
+def _snippet(text, n=70):
+    text = " ".join(text.split())
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+def main(argv=None):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("update", help="refresh every catalogue from the English and rewrite README.zh.md")
+    st = sub.add_parser("status", help="list missing, stale and unfaithful entries")
+    st.add_argument("names", nargs="*", help="catalogue names (default: all)")
+    nbp = sub.add_parser("notebook", help="translate a chapter notebook's Markdown cells")
+    nbp.add_argument("input")
+    nbp.add_argument("output")
+    nbp.add_argument("--chapter", help="the chapter (default: the input's folder name)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "update":
+            for src in sources():
+                cat = update(src)
+                done = sum(1 for m in cat if m.id and m.string and not m.fuzzy)
+                total = sum(1 for m in cat if m.id)
+                print(f"{src.catalogue.relative_to(ROOT)}: {done}/{total} translated")
+            (ROOT / "README.zh.md").write_text(readme_zh(), encoding="utf-8")
+            return 0
+        if args.command == "status":
+            from i18n_fidelity import load_glossary
+            glossary = load_glossary()
+            names = args.names or [s.name for s in sources()]
+            found = [p for n in names for p in status(source(n), glossary)]
+            for p in found:
+                print(p)
+            print(f"{len(found)} problem(s) in {len(names)} catalogue(s)")
+            return 1 if found else 0
+        if args.command == "notebook":
+            path = Path(args.input)
+            chapter = args.chapter or path.resolve().parent.name
+            nbformat.write(translate_notebook(nbformat.read(str(path), as_version=4), chapter), args.output)
+            return 0
+    except (CatalogueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Does a translated entry say what its English says?  Checked by machine for every entry.
+
+A translation keeps, exactly: the numbers, the formulas ($...$ and $$...$$), the inline code, the
+link targets and the Markdown structure (heading level, list marker, table cells) of its English;
+it is written in Chinese; and every glossary term of the English appears as the glossary's Chinese
+term.  glossary.md is the authority on terms: its table rows are ``| English | 中文 | ... |``; the
+Chinese column may give alternatives separated by " / ", a note in full-width parentheses （...） is
+not part of the term, and a term in *italics* is also an everyday word (not checked).  Where an English word of the glossary is used in its everyday sense
+("the key idea"), the translator says so in a translator comment on the entry:
+``# not a glossary term: key``.
+"""
+import re
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WAIVER = "not a glossary term:"
+
+_CODE = re.compile(r"(`+)(.+?)\1", re.S)
+_DMATH = re.compile(r"\$\$(.+?)\$\$", re.S)
+_IMATH = re.compile(r"(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$", re.S)
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_URL = re.compile(r"(?<![(<])\bhttps?://[^\s)>\]]+")
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _parts(text):
+    """(code spans, formulas, link targets, the text with all three removed)."""
+    code = [m.group(2).strip() for m in _CODE.finditer(text)]
+    text = _CODE.sub(" ", text)
+    math = [" ".join(m.group(1).split()) for m in _DMATH.finditer(text)]
+    text = _DMATH.sub(" ", text)
+    math += [" ".join(m.group(1).split()) for m in _IMATH.finditer(text)]
+    text = _IMATH.sub(" ", text)
+    links = _LINK.findall(text) + _URL.findall(text)
+    text = _URL.sub(" ", _LINK.sub("] ", text))
+    return code, math, links, text
+
+
+def _structure(text):
+    """What Markdown makes of the unit's first line: heading level, list marker, table cells."""
+    first = text.lstrip("\n").split("\n")[0]
+    m = re.match(r"^\s*(#{1,6}\s|[-*+]\s|\d+[.)]\s|>\s?)", first)
+    marker = m.group(1).strip() if m else ""
+    marker = re.sub(r"\d+", "N", marker)
+    cells = len(re.findall(r"(?<!\\)\|", _CODE.sub("", first))) if first.lstrip().startswith("|") else 0
+    return marker, cells
+
+
+def _differ(what, en, zh):
+    missing, extra = Counter(en) - Counter(zh), Counter(zh) - Counter(en)
+    if not missing and not extra:
+        return []
+    said = []
+    if missing:
+        said.append("lacks " + ", ".join(repr(x) for x in missing))
+    if extra:
+        said.append("adds " + ", ".join(repr(x) for x in extra))
+    return [f"{what} differ ({'; '.join(said)})"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The glossary
+
+def load_glossary(path=ROOT / "glossary.md"):
+    """[(English term, compiled pattern, [accepted Chinese forms])] from glossary.md's tables."""
+    terms = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if not line.startswith("|") or re.match(r"^\|[\s:|-]+\|$", line):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) < 2 or cells[0] in ("English", "#") or not _CJK.search(cells[1]):
+            continue
+        english = re.sub(r"\$[^$]*\$", "", re.sub(r"\([^)]*\)", "", cells[0])).strip()
+        if "/" in english or not english or english.startswith("*"):   # *italic*: also an everyday word
+            continue
+        chinese = re.sub(r"（[^）]*）", "", cells[1])
+        forms = [re.sub(r"\s+", "", f) for f in chinese.split(" / ") if f.strip()]
+        terms.setdefault(english, (english, _term_pattern(english), forms))
+    return list(terms.values())
+
+
+def _term_pattern(term):
+    words = re.split(r"[\s-]+", term)
+    last = words[-1]
+    plural = (re.escape(last[:-1]) + "(?:y|ies)") if last.endswith("y") and len(last) > 2 else re.escape(last) + "(?:s|es)?"
+    body = r"[\s-]+".join([re.escape(w) for w in words[:-1]] + [plural])
+    acronym = any(sum(ch.isupper() for ch in w) >= 2 for w in words)
+    # A hyphen is a boundary that counts: "low-rank" does not use the term "rank".
+    return re.compile(r"(?<![A-Za-z-])" + body + r"(?![A-Za-z-])", 0 if acronym else re.I)
+
+
+def waived(entry):
+    """Glossary terms the translator marked as used in their everyday sense in this entry."""
+    out = set()
+    for comment in getattr(entry, "user_comments", None) or []:
+        if comment.strip().lower().startswith(WAIVER):
+            out |= {t.strip().lower() for t in comment.strip()[len(WAIVER):].split(",") if t.strip()}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+def problems(en, zh, entry=None, glossary=None):
+    """[what is wrong] with the translation ``zh`` of the English unit ``en``."""
+    out = []
+    en_code, en_math, en_links, en_text = _parts(en)
+    zh_code, zh_math, zh_links, zh_text = _parts(zh)
+    out += _differ("inline code", en_code, zh_code)
+    out += _differ("formulas", en_math, zh_math)
+    out += _differ("link targets", en_links, zh_links)
+    out += _differ("numbers", _NUMBER.findall(en_text), _NUMBER.findall(zh_text))
+    if _structure(en) != _structure(zh):
+        out.append(f"Markdown structure differs (English {_structure(en)}, Chinese {_structure(zh)})")
+    if len(re.findall(r"[A-Za-z]{2,}", en_text)) >= 4 and not _CJK.search(zh_text):
+        out.append("not written in Chinese")
+    if "\n" in zh.strip() and not zh.lstrip().startswith("|") and not _structure(zh)[0] \
+            and _CJK.search(zh) and re.search(r"[\u4e00-\u9fff，。]\n\s*[\u4e00-\u9fff]", zh):
+        out.append("a line break between Chinese characters (it shows as a space): join the lines")
+    if glossary:
+        skip = waived(entry) if entry is not None else set()
+        flat = re.sub(r"\s+", "", zh_text + " " + " ".join(zh_code))
+        for english, pattern, forms in glossary:
+            if english.lower() in skip or not pattern.search(en_text):
+                continue
+            if not any(f in flat for f in forms):
+                out.append(f"glossary term {english!r} is not translated as {' / '.join(forms)!r} "
+                           f"(or mark it `# {WAIVER} {english}`)")
+    return out
