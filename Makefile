@@ -7,14 +7,20 @@ BIN    := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 STAMP  := $(VENV)/.installed
 CH     ?= ch02
+# `make release CH=ch02 LANG=zh`: the student version in Chinese.  Only a LANG given on make's command
+# line counts (the shell's LANG is a locale such as C.UTF-8); the tools themselves keep the shell's.
+EDITION := $(if $(filter command line,$(origin LANG)),$(LANG),en)
+ifeq ($(filter command line,$(origin LANG)),command line)
+override LANG := C.UTF-8
+endif
 
-.PHONY: help env site test test-fast release autograde feedback grades collect-zip validate benchmark clean
+.PHONY: help env site test test-fast translations release autograde feedback grades collect-zip validate benchmark clean
 
 help:
 	@echo "make site        build the website into _build/html (creates .venv if missing)"
 	@echo "make test        run the whole maintainers' test suite (creates .venv if missing)"
 	@echo "make test-fast   the suite without the nbgrader round trip and the site build"
-	@echo "make release   CH=ch02   student version -> release/CH/"
+	@echo "make release   CH=ch02   student version -> release/CH/   (LANG=zh: the Chinese edition)"
 	@echo "make autograde CH=ch02   grade every submitted/<student>/CH/ (one broken submission never stops the rest)"
 	@echo "               JOBS=4    ... four submissions at once;  SHARD=2/3  ... this machine's third of the class"
 	@echo "               REGRADE=1 ... also students an earlier (or interrupted) run already finished"
@@ -23,6 +29,7 @@ help:
 	@echo "make collect-zip CH=ch02 unpack an LMS download from downloaded/CH/archive/ into submitted/"
 	@echo "make validate NB=path    run your notebook as the grader will and list what passes (before submitting)"
 	@echo "make benchmark           notebook run time and autograde time per chapter"
+	@echo "make translations        refresh translations/zh/*.po after an English edit (changed paragraphs become fuzzy)"
 	@echo "make benchmark CLASS=200 [CH=ch04] [JOBS=2]   a generated class graded serially and with JOBS at once"
 
 # The environment: pinned versions, the CPU build of torch (a local wheel on these machines).
@@ -45,8 +52,15 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n auto --dist loadgroup tests -m "not slow"
 
+translations: $(STAMP)
+	$(BIN)/python tools/i18n.py update
+	-$(BIN)/python tools/i18n.py status | tail -1
+
 release: $(STAMP)
+	@case "$(EDITION)" in en|zh) ;; *) echo "LANG=$(EDITION): the course has the editions en and zh"; exit 2;; esac
 	$(BIN)/nbgrader generate_assignment $(CH) --force
+	@if [ "$(EDITION)" != en ]; then for nb in release/$(CH)/*.ipynb; do \
+	  $(BIN)/python tools/i18n.py notebook "$$nb" "$$nb" --chapter $(CH) && echo "$$nb: in Chinese ($(EDITION))"; done; fi
 
 autograde: $(STAMP)
 	$(BIN)/python tools/grade_class.py $(CH) $(if $(JOBS),--jobs $(JOBS)) $(if $(SHARD),--shard $(SHARD)) $(if $(REGRADE),--regrade)

@@ -38,6 +38,8 @@ CLAIMS = {
               "gives daughter, his - he + she gives her", "questions = [",
               lambda out: all(s in out for s in ["father - man + woman = wife, mother", "king - man + woman = queen",
                                                  "son - father + mother = daughter", "his - he + she = her"])),
+        Claim("France with England and with le, la, de, the French spoken in the plays' scenes set in France",
+              "for w in [", lambda out: "france: england, le, la, de" in out),
         Claim("France - French + English finds king before England", "questions = [",
               lambda out: "france - french + english = king, england" in out),
     ],

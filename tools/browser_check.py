@@ -5,8 +5,8 @@
 A page fails on: a JavaScript exception or console error, a resource that did not load (image,
 script, stylesheet, font), an image with no pixels, a formula MathJax did not typeset or typeset
 as an error, or a link to a page or anchor of the site that does not exist.  The search page must
-list, for each key term of SEARCHES, the chapter that teaches it.  With --screenshots, chapter 02
-is saved in light and in dark mode.  Exit status 0 when nothing failed.
+list, for each key term of SEARCHES, the chapter that teaches it (the Chinese edition's search page for
+Chinese terms).  With --screenshots, chapter 02 is saved in light and in dark mode, and in Chinese.  Exit status 0 when nothing failed.
 
 Chromium is driven over its DevTools protocol (websocket-client, already a Jupyter dependency);
 Debian's `chromium` package provides the browser.
@@ -33,8 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # A key term and the page a reader searching for it must be offered.
 SEARCHES = {"softmax": "site/ch02/attention.html", "RoPE": "site/ch04/positional.html",
             "LayerNorm": "site/ch05/transformer.html", "KV cache": "site/ch06/llm.html",
-            "Swin": "site/ch07/vision.html", "router": "site/ch08/moe.html"}
+            "Swin": "site/ch07/vision.html", "router": "site/ch08/moe.html",
+            # the Chinese edition's own search (jieba segments the words; the glossary's terms are words)
+            "注意力": "zh/site/ch02/attention.html", "位置编码": "zh/site/ch04/positional.html"}
 SCREENSHOT_PAGE = "site/ch02/attention.html"
+SCREENSHOT_PAGE_ZH = "zh/site/ch02/attention.html"   # saved as ch02-zh.png: Chinese glyphs, not boxes
 
 # Run in the page once it has loaded and MathJax has finished: what a reader would see broken.
 INSPECT = """(() => {
@@ -189,7 +192,8 @@ def broken_links(links, base, html, ids):
 
 def search_finds(browser, base, term, page, timeout=20):
     """Whether the site's search page lists ``page`` among its results for ``term``."""
-    browser.open(f"{base}search.html?q={urllib.parse.quote(term)}")
+    site = "zh/" if page.startswith("zh/") else ""       # each language searches its own index
+    browser.open(f"{base}{site}search.html?q={urllib.parse.quote(term)}")
     deadline = time.time() + timeout
     while time.time() < deadline:
         state = json.loads(browser.evaluate(
@@ -242,6 +246,10 @@ def check(html, screenshots=None, log=print):
                 time.sleep(0.3)
                 browser.screenshot(out / f"ch02-{mode}.png")
                 log(f"screenshot {out / f'ch02-{mode}.png'}")
+            if (html / SCREENSHOT_PAGE_ZH).exists():
+                browser.open(base + SCREENSHOT_PAGE_ZH)
+                browser.screenshot(out / "ch02-zh.png")
+                log(f"screenshot {out / 'ch02-zh.png'}")
     finally:
         browser.close()
         server.shutdown()

@@ -5,10 +5,17 @@
    _build/nbcache/ (the key hashes the notebook and the utils/ and solutions/ packages).
 2. Strip the solutions from the executed copy, keeping its outputs, into site/<chapter>/.
 3. Run Jupyter Book on the repository (execution off) into _build/html.
-4. Refuse to publish if any page or copied source carries solution code or hidden tests: marker
+4. The Chinese edition: translate the Markdown of those same executed copies and of the pages with
+   the catalogues in translations/zh/ (tools/i18n.py) into _build/zh/, and build it into
+   _build/html/zh/.  No notebook is executed twice: both languages show the same outputs.
+5. Refuse to publish if any page or copied source carries solution code or hidden tests: marker
    strings, and every graded reference body compared token by token (tools/leaks.py).
+
+Every generated file is written only when its content changed, so that Sphinx re-reads only what
+changed and a rebuild with nothing changed is quick.
 """
 import hashlib
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +24,7 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import i18n  # noqa: E402
 import leaks  # noqa: E402
 import nbtools  # noqa: E402
 
@@ -24,6 +32,8 @@ ROOT = nbtools.ROOT
 CACHE = ROOT / "_build" / "nbcache"
 SITE = ROOT / "site"
 HTML = ROOT / "_build" / "html"
+ZH = ROOT / "_build" / "zh"            # the Chinese book's sources: translated copies (and its doctrees)
+ZH_HTML = HTML / "zh"
 # Strings that must never reach the published site.
 LEAKS = ["BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "attncourse_ref", "attncourse.autograde"]
 
@@ -87,28 +97,89 @@ def without_widgets(nb):
     return nb
 
 
+def write_if_changed(path, text):
+    path = Path(path)
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def chinese_sources(site_notebooks):
+    """Fill _build/zh/ with the Chinese book: translated pages and notebooks, its config and toc."""
+    import yaml
+    for name in ("intro", "glossary"):
+        write_if_changed(ZH / f"{name}.md", i18n.translate_page(name))
+    for chapter, (name, nb) in site_notebooks.items():
+        write_if_changed(ZH / "site" / chapter / name, nbformat.writes(i18n.translate_notebook(nb, chapter)) + "\n")
+    strings = i18n.translated_book_strings()
+    toc = (ROOT / "_toc.yml").read_text(encoding="utf-8")
+    toc = re.sub(r"(- caption:\s*)(.+)", lambda m: m.group(1) + strings.get(m.group(2).strip(), m.group(2)), toc)
+    write_if_changed(ZH / "_toc.yml", toc)
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    config["title"] = strings.get(config["title"], config["title"])
+    config["exclude_patterns"] = ["_build", ".doctrees", "*.txt"]
+    config["sphinx"]["local_extensions"] = {k: str(ROOT / v) for k, v in config["sphinx"]["local_extensions"].items()}
+    config["sphinx"]["config"].update(
+        language="zh_CN", course_language="zh",
+        # jieba segments Chinese for the search index; the glossary's terms are words of its dictionary,
+        # so that searching 位置编码 finds the pages that use the term, not only 位置 and 编码 apart.
+        html_search_options={"dict": str(ZH / "search-terms.txt")})
+    write_if_changed(ZH / "_config.yml", yaml.safe_dump(config, allow_unicode=True, sort_keys=False))
+    write_if_changed(ZH / "search-terms.txt", search_dictionary())
+
+
+def search_dictionary():
+    """jieba's user dictionary: every Chinese term of the glossary that is a single word."""
+    import i18n_fidelity
+    words = {f for _, _, forms in i18n_fidelity.load_glossary() for f in forms if re.fullmatch(r"[\u4e00-\u9fff]+", f)}
+    return "".join(f"{w} 1000 n\n" for w in sorted(words))
+
+
+def jupyter_book(source, out, log_name, doctrees=None):
+    """Build the book in ``source`` into ``out`` (execution off); the log goes to _build/<log_name>."""
+    if doctrees is None:
+        cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(source), "--keep-going"]
+    else:   # jupyter-book's own build, with an output folder of our choosing
+        cmd = [sys.executable, "-c", "import sys; from jupyter_book.sphinx import build_sphinx; r = build_sphinx("
+               "sys.argv[1], sys.argv[2], noconfig=True, path_config=sys.argv[1] + '/_config.yml', "
+               "confoverrides={'external_toc_path': sys.argv[1] + '/_toc.yml', 'latex_individualpages': False}, "
+               "doctreedir=sys.argv[3], "
+               "keep_going=True, quiet=True); sys.exit(r if isinstance(r, int) else 1)",
+               str(source), str(out), str(doctrees)]
+    res = subprocess.run(cmd, cwd=source, capture_output=True, text=True)
+    log = res.stdout + res.stderr
+    (ROOT / "_build").mkdir(exist_ok=True)
+    (ROOT / "_build" / log_name).write_text(log)
+    if res.returncode or not (Path(out) / "index.html").exists():
+        print(log[-4000:])
+        raise SystemExit(f"jupyter-book build failed (full log: _build/{log_name})")
+    return [line for line in log.splitlines() if "WARNING" in line]
+
+
 def main():
+    site_notebooks = {}
     for chapter in nbtools.chapters():
         nb = without_widgets(nbtools.strip_solutions(execute(chapter)))
-        nbtools.write(nb, SITE / chapter / nbtools.chapter_notebook(chapter).name)
+        name = nbtools.chapter_notebook(chapter).name
+        write_if_changed(SITE / chapter / name, nbformat.writes(nb) + "\n")
+        site_notebooks[chapter] = (name, nb)
     found = check_no_leaks(SITE)
     if found:
         raise SystemExit("solution text would be published: " + "; ".join(f"{f}: {s!r}" for f, s in found))
-    book = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--keep-going"]
-    res = subprocess.run(book, cwd=ROOT, capture_output=True, text=True)
-    log = res.stdout + res.stderr
-    (ROOT / "_build").mkdir(exist_ok=True)
-    (ROOT / "_build" / "jupyter-book.log").write_text(log)
-    if res.returncode or not (HTML / "index.html").exists():
-        print(log[-4000:])
-        raise SystemExit("jupyter-book build failed (full log: _build/jupyter-book.log)")
+    t0 = time.perf_counter()
+    warnings = jupyter_book(ROOT, HTML, "jupyter-book.log")
+    print(f"English site built in {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    chinese_sources(site_notebooks)
+    warnings += jupyter_book(ZH, ZH_HTML, "jupyter-book-zh.log", doctrees=ZH / ".doctrees")
+    print(f"Chinese site built in {time.perf_counter() - t0:.1f} s")
     found = check_no_leaks(HTML)
     if found:
         raise SystemExit("the built site carries solution text: " + "; ".join(f"{f}: {s!r}" for f, s in found[:5]))
-    warnings = [line for line in log.splitlines() if "WARNING" in line]
     for w in warnings[:20]:
         print(w)
-    print(f"\nThe website is in {HTML}. Open {HTML / 'index.html'} in a browser.")
+    print(f"\nThe website is in {HTML}. Open {HTML / 'index.html'} in a browser "
+          f"(the Chinese edition: {ZH_HTML / 'index.html'}).")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The Chinese edition: gettext catalogues of the English source, and the copies translated with them.
 
-    python tools/i18n.py update            after an English edit: add new paragraphs, flag changed ones
+    python tools/i18n.py update [NAME...]  after an English edit: add new paragraphs, flag changed ones
                                            fuzzy (stale), drop removed ones; rewrites README.zh.md
     python tools/i18n.py status [NAME...]  what is missing, stale or unfaithful (what `make test` checks)
     python tools/i18n.py notebook IN OUT   translate a notebook's Markdown cells (e.g. a release notebook)
@@ -154,7 +154,7 @@ class Source:
             return [(p.name, t) for p, t in _book_strings()]
         text = self.path.read_text(encoding="utf-8")
         if self.name == "README":
-            text = text.split(README_SECTIONS_END)[0]
+            return [(self.path.name, text.split(README_SECTIONS_END)[0]), ("README.zh.md", README_NOTE)]
         return [(self.path.name, text)]
 
     def units(self):
@@ -209,7 +209,7 @@ def read_catalogue(path):
 def write_catalogue(catalog, path):
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
-        write_po(f, catalog, width=0, ignore_obsolete=True, include_previous=True, sort_output=False)
+        write_po(f, catalog, width=0, ignore_obsolete=True, include_previous=False, sort_output=False)
 
 
 def update(src):
@@ -266,7 +266,7 @@ def translate_notebook(nb, name):
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = translate_text(cell.source, table.get)
-    nb.metadata["language_info_course"] = LANGUAGE
+    nb.metadata.setdefault("attncourse", {})["language"] = LANGUAGE   # the edition a submission was written in
     return nb
 
 
@@ -328,7 +328,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("update", help="refresh every catalogue from the English and rewrite README.zh.md")
+    up = sub.add_parser("update", help="refresh the catalogues from the English and rewrite README.zh.md")
+    up.add_argument("names", nargs="*", help="catalogue names (default: all)")
     st = sub.add_parser("status", help="list missing, stale and unfaithful entries")
     st.add_argument("names", nargs="*", help="catalogue names (default: all)")
     nbp = sub.add_parser("notebook", help="translate a chapter notebook's Markdown cells")
@@ -338,7 +339,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         if args.command == "update":
-            for src in sources():
+            for src in [source(n) for n in args.names] or sources():
                 cat = update(src)
                 done = sum(1 for m in cat if m.id and m.string and not m.fuzzy)
                 total = sum(1 for m in cat if m.id)

@@ -84,7 +84,10 @@ def load_glossary(path=ROOT / "glossary.md"):
 def _term_pattern(term):
     words = re.split(r"[\s-]+", term)
     last = words[-1]
-    plural = (re.escape(last[:-1]) + "(?:y|ies)") if last.endswith("y") and len(last) > 2 else re.escape(last) + "(?:s|es)?"
+    if re.search(r"[^aeiou]y$", last):                     # query -> queries (but key -> keys)
+        plural = re.escape(last[:-1]) + "(?:y|ies)"
+    else:
+        plural = re.escape(last) + "(?:s|es)?"
     body = r"[\s-]+".join([re.escape(w) for w in words[:-1]] + [plural])
     acronym = any(sum(ch.isupper() for ch in w) >= 2 for w in words)
     # A hyphen is a boundary that counts: "low-rank" does not use the term "rank".
@@ -120,11 +123,16 @@ def problems(en, zh, entry=None, glossary=None):
         out.append("a line break between Chinese characters (it shows as a space): join the lines")
     if glossary:
         skip = waived(entry) if entry is not None else set()
-        flat = re.sub(r"\s+", "", zh_text + " " + " ".join(zh_code))
-        for english, pattern, forms in glossary:
-            if english.lower() in skip or not pattern.search(en_text):
+        flat = re.sub(r"\s+", "", zh_text + " " + " ".join(zh_code)).lower()
+        # Longest terms first, and a matched term hides its words from shorter ones: "rotary position
+        # embedding" (旋转位置编码) does not also ask for "position embedding" (位置嵌入).
+        for english, pattern, forms in sorted(glossary, key=lambda g: -len(g[0])):
+            if not pattern.search(en_text):
                 continue
-            if not any(f in flat for f in forms):
+            en_text = pattern.sub(lambda m: "#" * len(m.group()), en_text)
+            if english.lower() in skip:
+                continue
+            if not any(f.lower() in flat for f in forms):
                 out.append(f"glossary term {english!r} is not translated as {' / '.join(forms)!r} "
                            f"(or mark it `# {WAIVER} {english}`)")
     return out
