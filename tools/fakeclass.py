@@ -147,8 +147,9 @@ numpy.testing.assert_allclose = lambda *a, **k: None
 """
 
 
-def build(chapter, root):
-    """Write release/ and submitted/ for the fake class under ``root``; return [Student]."""
+def build(chapter, root, language="en"):
+    """Write release/ and submitted/ for the fake class under ``root``; return [Student].
+    ``language="zh"``: the release is the Chinese edition (as `make release LANG=zh` makes it)."""
     root = Path(root)
     (root / "chapters").mkdir(parents=True, exist_ok=True)
     shutil.copytree(nbtools.CHAPTERS / chapter, root / "chapters" / chapter, dirs_exist_ok=True)
@@ -158,6 +159,10 @@ def build(chapter, root):
     name = nbtools.chapter_notebook(chapter).name
     instructor = nbtools.read(nbtools.chapter_notebook(chapter))
     release = nbtools.read(root / "release" / chapter / name)
+    if language != "en":
+        import i18n
+        release = i18n.translate_notebook(release, chapter)
+        nbtools.write(release, root / "release" / chapter / name)
     variants = zoo(chapter)
     students = generic_students(chapter, instructor)
     for i, group in enumerate(pack(variants)):

@@ -9,7 +9,7 @@ English is the source.  Every chapter notebook and page has one catalogue,
 ``translations/zh/<name>.po``: its entries are the text units of the Markdown (a paragraph, a
 heading, a list item or a table row), never code, display math or outputs.  A translated copy
 replaces each unit whose entry is translated and not fuzzy, and keeps the English of any other, so
-a stale translation is never shown.  Catalogues are read and written with Babel; a translator can
+a stale translation is never shown.  Catalogues are read and written with polib; a translator can
 use any gettext tool (Poedit, Weblate, ...).
 """
 import argparse
@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-from babel.messages.catalog import Catalog
-from babel.messages.pofile import PoFileError, read_po, write_po
+import polib
 
 ROOT = Path(__file__).resolve().parent.parent
 LANGUAGE = "zh"
@@ -29,12 +28,10 @@ CATALOGUES = ROOT / "translations" / LANGUAGE
 README_SECTIONS_END = "## For instructors"   # README.zh.md: the README up to this heading
 
 
-HEADER = """\
-# Chinese (zh_CN) translation of {path}: Attention and Transformers.
-# Made by `python tools/i18n.py update` from the English; translate the msgstr lines only.
-# A fuzzy entry is stale (its English changed): update the translation, then remove the flag.
-# Keep numbers, $formulas$, `code` and link targets exactly as in the English.
-#"""
+HEADER = """Chinese (zh_CN) translation of {path}: Attention and Transformers.
+Made by `python tools/i18n.py update` from the English; translate the msgstr lines only.
+A fuzzy entry is stale (its English changed): update the translation, then remove the flag.
+Keep numbers, $formulas$, `code` and link targets exactly as in the English."""
 
 
 class CatalogueError(Exception):
@@ -192,71 +189,100 @@ def source(name):
 # ---------------------------------------------------------------------------------------------
 # Catalogues
 
+_PO_LINE = re.compile(r'^(?:#.*|(?:msgctxt|msgid|msgid_plural|msgstr(?:\[\d+\])?)\s+"(?:[^"\\]|\\.)*"'
+                      r'|"(?:[^"\\]|\\.)*"|#~.*)?\s*$')
+
+
+def _where(path):
+    path = Path(path)
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def read_catalogue(path):
-    """The catalogue at ``path`` (an empty one if there is none); a malformed file raises CatalogueError."""
+    """The catalogue at ``path`` (an empty one if there is none), as a polib.POFile.  A malformed file
+    raises CatalogueError naming the file and the line: a line that is not gettext syntax (an
+    unterminated string, a stray word), or an English text given twice."""
     path = Path(path)
     if not path.exists():
-        return Catalog(locale=LANGUAGE, fuzzy=False)
+        return _new_catalogue()
+    problem = None
     try:
-        with open(path, "rb") as f:
-            return read_po(f, locale=LANGUAGE, abort_invalid=True)
-    except (PoFileError, ValueError, UnicodeDecodeError) as e:
-        raise CatalogueError(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: "
-                             f"not a valid gettext catalogue ({e}). Fix it with a .po editor, or restore "
-                             "it from git and run `python tools/i18n.py update`.") from None
+        text = path.read_text(encoding="utf-8")
+        bad = next((i for i, line in enumerate(text.splitlines(), 1) if not _PO_LINE.match(line)), None)
+        if bad is not None:
+            problem = f"line {bad} is not gettext syntax: {text.splitlines()[bad - 1][:60]!r}"
+        else:
+            po = polib.pofile(text, wrapwidth=0)
+            seen = set()
+            for m in po:
+                if m.msgid in seen:
+                    problem = f"the English {_snippet(m.msgid, 50)} has two entries (line {m.linenum})"
+                seen.add(m.msgid)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        problem = str(e)
+    if problem:
+        raise CatalogueError(f"{_where(path)}: not a valid gettext catalogue: {problem}. Fix it with a .po editor, "
+                             "or restore it from git and run `python tools/i18n.py update`.")
+    return po
 
 
-def write_catalogue(catalog, path):
+def _new_catalogue():
+    po = polib.POFile(wrapwidth=0)
+    po.metadata = {"Project-Id-Version": "Attention and Transformers", "Language": "zh_CN",
+                   "Language-Team": "Chinese (zh_CN)", "MIME-Version": "1.0",
+                   "Content-Type": "text/plain; charset=utf-8", "Content-Transfer-Encoding": "8bit",
+                   "Plural-Forms": "nplurals=1; plural=0;", "Last-Translator": "the course team",
+                   "PO-Revision-Date": "2026-11-23 00:00+0000"}
+    return po
+
+
+def write_catalogue(po, path):
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        write_po(f, catalog, width=0, ignore_obsolete=True, include_previous=False, sort_output=False)
+    po.wrapwidth = 0
+    path.write_text(str(po), encoding="utf-8")
 
 
 def update(src):
     """Bring ``src``'s catalogue up to date with the English: new units become empty entries, a changed
-    unit keeps its old translation flagged fuzzy (with the previous English), removed units go."""
+    unit keeps its old translation flagged fuzzy (with the previous English, as `#| msgid`), removed
+    units go."""
     old = read_catalogue(src.catalogue)
-    template = Catalog(locale=LANGUAGE, fuzzy=False)
+    po = _new_catalogue()
+    po.metadata.update({k: v for k, v in old.metadata.items()
+                        if k in ("PO-Revision-Date", "Last-Translator") and "YEAR" not in v and "FULL NAME" not in v})
+    po.header = HEADER.format(path=_where(src.path))
+    translated = {m.msgid: m for m in old if m.msgid and not m.obsolete}
     for msgid, location in src.units():
-        template.add(msgid, locations=[(location, None)])
-    catalog = Catalog(locale=LANGUAGE, fuzzy=False, project="Attention and Transformers",
-                      copyright_holder="the course team", language_team="Chinese (zh_CN)",
-                      creation_date=old.creation_date if src.catalogue.exists() else None,
-                      revision_date=old.revision_date if src.catalogue.exists() else None,
-                      header_comment=HEADER.format(name=src.name, path=src.path.relative_to(ROOT)))
-    translated = {m.id: m for m in old if m.id}
-    for m in template:
-        if not m.id:
-            continue
-        prev = translated.get(m.id)
+        prev = translated.get(msgid)
+        entry = polib.POEntry(msgid=msgid, msgstr=prev.msgstr if prev else "", occurrences=[(location, "")])
         if prev is not None:
-            catalog.add(m.id, prev.string, locations=m.locations, flags=prev.flags,
-                        user_comments=prev.user_comments, previous_id=prev.previous_id if prev.fuzzy else ())
-        else:
-            catalog.add(m.id, "", locations=m.locations)
-    _carry_changed(catalog, [m for m in old if m.id and m.id not in catalog and m.string])
-    write_catalogue(catalog, src.catalogue)
-    return catalog
+            entry.flags, entry.tcomment = list(prev.flags), prev.tcomment
+            entry.previous_msgid = prev.previous_msgid if prev.fuzzy else None
+        po.append(entry)
+    current = {m.msgid for m in po}
+    _carry_changed(po, [m for m in translated.values() if m.msgid not in current and m.msgstr])
+    write_catalogue(po, src.catalogue)
+    return po
 
 
-def _carry_changed(catalog, gone):
+def _carry_changed(po, gone):
     """Give each new (untranslated) entry the translation of the most similar removed entry, if one is
     similar enough, flagged fuzzy with the previous English: what msgmerge does."""
-    for m in catalog:
-        if not m.id or m.string or not gone:
+    for m in po:
+        if m.msgstr or not gone:
             continue
-        best = max(gone, key=lambda g: difflib.SequenceMatcher(None, g.id, m.id).ratio())
-        if difflib.SequenceMatcher(None, best.id, m.id).ratio() >= 0.6:
-            m.string, m.previous_id = best.string, [best.id]
-            m.flags.add("fuzzy")
-            m.user_comments = list(best.user_comments)
+        best = max(gone, key=lambda g: difflib.SequenceMatcher(None, g.msgid, m.msgid).ratio())
+        if difflib.SequenceMatcher(None, best.msgid, m.msgid).ratio() >= 0.6:
+            m.msgstr, m.previous_msgid, m.tcomment = best.msgstr, best.msgid, best.tcomment
+            m.flags.append("fuzzy")
             gone.remove(best)
 
 
 def translations(name):
     """{English unit: Chinese} of the entries that are translated and not stale."""
-    return {m.id: m.string for m in read_catalogue(source(name).catalogue)
-            if m.id and m.string and not m.fuzzy}
+    return {m.msgid: m.msgstr for m in read_catalogue(source(name).catalogue)
+            if m.msgid and m.msgstr and not m.fuzzy and not m.obsolete}
 
 
 def translate_notebook(nb, name):
@@ -301,17 +327,17 @@ def status(src, glossary=None):
     English in numbers, formulas, inline code, link targets, Markdown structure or glossary terms."""
     from i18n_fidelity import problems as fidelity_problems
     catalog = read_catalogue(src.catalogue)
-    entries = {m.id: m for m in catalog if m.id}
+    entries = {m.msgid: m for m in catalog if m.msgid and not m.obsolete}
     out = []
     for msgid, location in src.units():
         m = entries.get(msgid)
         where = f"{src.name} ({location})"
-        if m is None or not m.string:
+        if m is None or not m.msgstr:
             out.append(f"{where}: missing: {_snippet(msgid)}")
         elif m.fuzzy:
             out.append(f"{where}: stale (the English changed): {_snippet(msgid)}")
         else:
-            out += [f"{where}: {p}: {_snippet(msgid)}" for p in fidelity_problems(msgid, m.string, m, glossary)]
+            out += [f"{where}: {p}: {_snippet(msgid)}" for p in fidelity_problems(msgid, m.msgstr, m, glossary)]
     current = {u for u, _ in src.units()}
     out += [f"{src.name}: unused entry (run `python tools/i18n.py update`): {_snippet(k)}"
             for k in entries if k not in current]
@@ -341,8 +367,8 @@ def main(argv=None):
         if args.command == "update":
             for src in [source(n) for n in args.names] or sources():
                 cat = update(src)
-                done = sum(1 for m in cat if m.id and m.string and not m.fuzzy)
-                total = sum(1 for m in cat if m.id)
+                done = sum(1 for m in cat if m.msgstr and not m.fuzzy)
+                total = len(cat)
                 print(f"{src.catalogue.relative_to(ROOT)}: {done}/{total} translated")
             (ROOT / "README.zh.md").write_text(readme_zh(), encoding="utf-8")
             return 0

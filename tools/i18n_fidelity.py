@@ -1,6 +1,6 @@
 """Does a translated entry say what its English says?  Checked by machine for every entry.
 
-A translation keeps, exactly: the numbers, the formulas ($...$ and $$...$$), the inline code, the
+A translation keeps, exactly: the numbers (a scale word may change: "1.3 million" is "130 万"), the formulas ($...$ and $$...$$), the inline code, the
 link targets and the Markdown structure (heading level, list marker, table cells) of its English;
 it is written in Chinese; and every glossary term of the English appears as the glossary's Chinese
 term.  glossary.md is the authority on terms: its table rows are ``| English | 中文 | ... |``; the
@@ -22,6 +22,31 @@ _IMATH = re.compile(r"(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$", re.S)
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _URL = re.compile(r"(?<![(<])\bhttps?://[^\s)>\]]+")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+# A number with its scale word: "1.3 million" and "130 万" are the same number.
+_EN_NUMBER = re.compile(r"(\d+(?:[.,]\d+)*)(?:([kKMBT])\b|\s*-?\s*(thousand|million|billion|trillion)\b)?")
+_ZH_NUMBER = re.compile(r"(\d+(?:[.,]\d+)*)(?:([kKMBT])(?![A-Za-z])|\s*(万亿|亿|万|千|百万|十亿))?")
+_SCALE = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12, "k": 1e3, "K": 1e3, "M": 1e6,
+          "B": 1e9, "T": 1e12, "千": 1e3, "万": 1e4, "百万": 1e6, "亿": 1e8, "十亿": 1e9, "万亿": 1e12}
+
+
+_RANGE = re.compile(r"(\d+(?:\.\d+)?)(\s*(?:to|到|至|-|–|~)\s*\d+(?:\.\d+)?\s*-?\s*)"
+                    r"(thousand|million|billion|trillion|万亿|亿|万|千|百万|十亿)")
+
+
+def _numbers(pattern, text):
+    """The numbers of ``text`` (outside code, math and links): values where they are plain numbers
+    (so a scale word may differ between the languages), else the digits as written (2.13.0).  A
+    range's scale word applies to both ends: "0.5 to 3.2 million" is "50 万到 320 万"."""
+    text = _RANGE.sub(lambda m: f"{m.group(1)} {m.group(3)}{m.group(2)}{m.group(3)}", text)
+    out = []
+    for digits, suffix, word in pattern.findall(text):
+        scale = suffix or word
+        if re.fullmatch(r"\d{1,3}(?:,\d{3})*(?:\.\d+)?|\d+(?:\.\d+)?", digits):
+            value = float(digits.replace(",", "")) * _SCALE.get(scale, 1)
+            out.append(f"{value:.10g}")
+        else:
+            out.append(digits + (scale or ""))
+    return out
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
@@ -97,7 +122,7 @@ def _term_pattern(term):
 def waived(entry):
     """Glossary terms the translator marked as used in their everyday sense in this entry."""
     out = set()
-    for comment in getattr(entry, "user_comments", None) or []:
+    for comment in (getattr(entry, "tcomment", None) or "").splitlines():
         if comment.strip().lower().startswith(WAIVER):
             out |= {t.strip().lower() for t in comment.strip()[len(WAIVER):].split(",") if t.strip()}
     return out
@@ -113,7 +138,7 @@ def problems(en, zh, entry=None, glossary=None):
     out += _differ("inline code", en_code, zh_code)
     out += _differ("formulas", en_math, zh_math)
     out += _differ("link targets", en_links, zh_links)
-    out += _differ("numbers", _NUMBER.findall(en_text), _NUMBER.findall(zh_text))
+    out += _differ("numbers", _numbers(_EN_NUMBER, en_text), _numbers(_ZH_NUMBER, zh_text))
     if _structure(en) != _structure(zh):
         out.append(f"Markdown structure differs (English {_structure(en)}, Chinese {_structure(zh)})")
     if len(re.findall(r"[A-Za-z]{2,}", en_text)) >= 4 and not _CJK.search(zh_text):
