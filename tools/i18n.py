@@ -257,7 +257,8 @@ def update(src):
         prev = translated.get(msgid)
         entry = polib.POEntry(msgid=msgid, msgstr=prev.msgstr if prev else "", occurrences=[(location, "")])
         if prev is not None:
-            entry.flags, entry.tcomment = list(prev.flags), prev.tcomment
+            # Markdown, not format strings: only the fuzzy flag means anything here.
+            entry.flags, entry.tcomment = [f for f in prev.flags if f == "fuzzy"], prev.tcomment
             entry.previous_msgid = prev.previous_msgid if prev.fuzzy else None
         po.append(entry)
     current = {m.msgid for m in po}
