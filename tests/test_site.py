@@ -60,11 +60,31 @@ def test_landing_and_glossary_pages(site):
     assert 'href="site/ch02/attention.html' in glossary
 
 
+def test_the_chinese_edition_mirrors_every_page_with_the_same_outputs(site):
+    """_build/html/zh/ has every page of the English site, in Chinese, showing the English run's
+    outputs (no notebook executed twice), and each page links to its twin in the other language."""
+    pages = ["intro", "glossary"] + toc_pages()
+    for page in pages:
+        en, zh = (HTML / f"{page}.html").read_text(), (HTML / "zh" / f"{page}.html").read_text()
+        assert 'lang="zh-CN"' in zh, page
+        assert re.search(r"[\u4e00-\u9fff]{20}", re.sub(r"<[^>]+>", "", zh)), f"{page}: no Chinese text"
+        depth = "../" * page.count("/")
+        assert f'href="{depth}zh/{page}.html"' in en, f"{page}: no link to the Chinese page"
+        assert f'href="{depth}../{page}.html"' in zh, f"{page}: no link back to the English page"
+        if page.startswith("site/"):
+            assert en.count("<img") == zh.count("<img"), page
+            assert en.count("cell_output") == zh.count("cell_output"), page
+    zh02 = (HTML / "zh" / "site" / "ch02" / "attention.html").read_text()
+    assert "attends most to: animal" in zh02 and "缩放点积注意力" in zh02
+    assert (HTML / "zh" / "_sources" / "site" / "ch02" / "attention.ipynb").exists()   # the download button
+
+
 def test_unchanged_chapters_are_not_executed_again(site):
     res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "build_site.py")], cwd=nbtools.ROOT,
                          capture_output=True, text=True)
     assert res.returncode == 0
     assert "ch02: unchanged" in res.stdout
+    assert "executed in" not in res.stdout
 
 
 def test_every_page_works_in_a_browser(site, tmp_path):
@@ -77,7 +97,7 @@ def test_every_page_works_in_a_browser(site, tmp_path):
         pytest.skip("no Chromium installed (apt-get install chromium)")
     failures = browser_check.check(HTML, screenshots=tmp_path, log=lambda line: None)
     assert failures == {}, "\n".join(f"{page}: {p}" for page, problems in failures.items() for p in problems)
-    for mode in ("light", "dark"):
+    for mode in ("light", "dark", "zh"):
         assert (tmp_path / f"ch02-{mode}.png").stat().st_size > 10_000
 
 
