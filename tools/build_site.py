@@ -130,8 +130,7 @@ def chinese_sources(site_notebooks):
 
 def search_dictionary():
     """jieba's user dictionary: every Chinese term of the glossary that is a single word."""
-    import i18n_fidelity
-    words = {f for _, _, forms in i18n_fidelity.load_glossary() for f in forms if re.fullmatch(r"[\u4e00-\u9fff]+", f)}
+    words = {f for _, _, forms in i18n.i18n_fidelity.load_glossary() for f in forms if re.fullmatch(r"[\u4e00-\u9fff]+", f)}
     return "".join(f"{w} 1000 n\n" for w in sorted(words))
 
 

@@ -22,6 +22,9 @@ from pathlib import Path
 import nbformat
 import polib
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import i18n_fidelity  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 LANGUAGE = "zh"
 CATALOGUES = ROOT / "translations" / LANGUAGE
@@ -99,19 +102,9 @@ def split_units(text):
     return units
 
 
-_INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
-_INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$", re.S)
-_DISPLAY_MATH = re.compile(r"\$\$(.+?)\$\$", re.S)
-
-
-def _without_code_and_math(text):
-    text = _INLINE_CODE.sub(" ", text)
-    text = _DISPLAY_MATH.sub(" ", text)
-    return _INLINE_MATH.sub(" ", text)
-
-
 def _has_words(text):
-    return bool(re.search(r"[A-Za-z]{2,}", _without_code_and_math(text)))
+    """Whether ``text`` has words to translate outside its inline code, math and link targets."""
+    return bool(re.search(r"[A-Za-z]{2,}", i18n_fidelity.without_code_math_links(text)))
 
 
 def _msgid(unit):
@@ -326,7 +319,6 @@ README_NOTE = ("The instructors' and maintainers' sections are in the English [R
 def status(src, glossary=None):
     """[problem line] for ``src``: untranslated or stale units, and translations that differ from their
     English in numbers, formulas, inline code, link targets, Markdown structure or glossary terms."""
-    from i18n_fidelity import problems as fidelity_problems
     catalog = read_catalogue(src.catalogue)
     entries = {m.msgid: m for m in catalog if m.msgid and not m.obsolete}
     out = []
@@ -338,7 +330,7 @@ def status(src, glossary=None):
         elif m.fuzzy:
             out.append(f"{where}: stale (the English changed): {_snippet(msgid)}")
         else:
-            out += [f"{where}: {p}: {_snippet(msgid)}" for p in fidelity_problems(msgid, m.msgstr, m, glossary)]
+            out += [f"{where}: {p}: {_snippet(msgid)}" for p in i18n_fidelity.problems(msgid, m.msgstr, m, glossary)]
     current = {u for u, _ in src.units()}
     out += [f"{src.name}: unused entry (run `python tools/i18n.py update`): {_snippet(k)}"
             for k in entries if k not in current]
@@ -351,7 +343,6 @@ def _snippet(text, n=70):
 
 
 def main(argv=None):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -374,8 +365,7 @@ def main(argv=None):
             (ROOT / "README.zh.md").write_text(readme_zh(), encoding="utf-8")
             return 0
         if args.command == "status":
-            from i18n_fidelity import load_glossary
-            glossary = load_glossary()
+            glossary = i18n_fidelity.load_glossary()
             names = args.names or [s.name for s in sources()]
             found = [p for n in names for p in status(source(n), glossary)]
             for p in found:

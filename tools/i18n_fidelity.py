@@ -63,6 +63,10 @@ def _parts(text):
     return code, math, links, text
 
 
+def without_code_math_links(text):
+    return _parts(text)[3]
+
+
 def _structure(text):
     """What Markdown makes of the unit's first line: heading level, list marker, table cells."""
     first = text.lstrip("\n").split("\n")[0]
