@@ -5,6 +5,7 @@ stale (fuzzy) entry, and every translation must keep its English's numbers, form
 link targets, Markdown structure and glossary terms (tools/i18n_fidelity.py).  A failure lists each
 entry with its chapter and a snippet; `python tools/i18n.py status` prints the same list.
 """
+import re
 import shutil
 
 import nbformat
@@ -27,6 +28,8 @@ def test_catalogue_is_complete_current_and_faithful(name):
 def test_units_rebuild_the_source_exactly():
     """Splitting into units and putting them back, translated by the identity, changes nothing."""
     for src in i18n.sources():
+        if isinstance(src, i18n.Messages):
+            continue
         for location, text in src.texts():
             assert "".join(u for u, _ in i18n.split_units(text)) == text, location
             assert i18n.translate_text(text, lambda k: k) == text, location
@@ -154,9 +157,34 @@ def test_readme_zh_is_current():
         "README.zh.md is out of date: run `make translations`"
 
 
+def test_the_compiled_messages_are_current():
+    """attncourse reads the .mo that `make translations` compiles from the messages' .po."""
+    import gettext
+    from attncourse import i18n as runtime
+    po = i18n.read_catalogue(i18n.Messages().catalogue)
+    compiled = gettext.translation(runtime.DOMAIN, runtime.LOCALE, languages=["zh"])._catalog
+    wanted = {m.msgid: m.msgstr for m in po if m.msgstr and not m.fuzzy}
+    assert {k: v for k, v in compiled.items() if k} == wanted, "the .mo is out of date: run `make translations`"
+
+
+def test_messages_are_translated_with_their_values():
+    from attncourse.i18n import translate
+    english = "hidden test ch02.causal_mask: 2 of 10 randomized cases failed:\n  case 1 (n=7): returned value 0 " \
+              "has dtype float32, expected bool\n  case 4 (n=3): returned value 0 has dtype float32, expected bool"
+    chinese = translate(english, "zh")
+    assert chinese != english and "ch02.causal_mask" in chinese and "float32" in chinese
+    assert chinese.count("\n") == 2 and re.search(r"[\u4e00-\u9fff]", chinese.splitlines()[1])
+    assert translate("a message no template knows, 42", "zh") == "a message no template knows, 42"
+    assert translate(english, "en") == english
+
+
 def test_a_chinese_release_has_the_same_cells_grade_ids_and_tests():
     english = nbtools.read(nbtools.chapter_notebook("ch04"))
     chinese = i18n.translate_notebook(english, "ch04")
+    language = [i for i, c in enumerate(chinese.cells) if c.get("id") == "attncourse-language"]
+    assert len(language) == 1 and 'set_language("zh")' in chinese.cells[language[0]].source
+    assert chinese.cells[language[0]].metadata.get("nbgrader") is None       # graded by no one
+    del chinese.cells[language[0]]
     assert [c.cell_type for c in chinese.cells] == [c.cell_type for c in english.cells]
     for en, zh in zip(english.cells, chinese.cells):
         assert en.metadata == zh.metadata
@@ -184,3 +212,32 @@ def test_chinese_notebooks_are_graded_exactly_like_english_ones(tmp_path):
     expected = fakeclass.expected_scores("ch04", students)
     got = cell_scores(tmp_path, "ch04", [s.name for s in students])
     assert got == expected, f"{got}\n{expected}\n{report}"
+    # Feedback in the student's language: the checks and hidden tests spoke Chinese in their kernel.
+    res = nbtools.nbgrader("generate_feedback", "ch04", "--force", root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    correct = (tmp_path / "feedback" / "correct" / "ch04" / "positional.html").read_text()
+    assert "个随机用例均已通过" in correct, "the hidden tests' summary is not in Chinese"
+    zoo = next(s for s in students if s.name.startswith("zoo-"))
+    import html
+    feedback = html.unescape(re.sub(r"<[^>]+>", "", (tmp_path / "feedback" / zoo.name / "ch04" / "positional.html").read_text()))
+    said = re.findall(r"CheckFailed: ([^\n]*)", feedback)
+    assert said and all(re.search(r"[\u4e00-\u9fff]", s) for s in said), f"a diagnosis is not in Chinese: {said}"
+
+
+@pytest.mark.slow
+def test_validate_speaks_the_notebooks_language(tmp_path):
+    """`make validate` on a Chinese notebook: the report and the checks' messages in Chinese."""
+    import subprocess
+    import sys
+    from zoo.ch02 import VARIANTS
+    instructor = nbtools.read(nbtools.chapter_notebook("ch02"))
+    release = i18n.translate_notebook(nbtools.strip_solutions(nbtools.strip_hidden_tests(instructor)), "ch02")
+    wrong = next(v for v in VARIANTS if v.cell == "causal_mask")
+    path = nbtools.write(nbtools.solve(instructor, release, {"causal_mask": wrong.impl}), tmp_path / "attention.ipynb")
+    res = subprocess.run([sys.executable, str(i18n.ROOT / "tools" / "validate.py"), str(path)],
+                         capture_output=True, text=True)
+    lines = {line.split()[1]: line for line in res.stdout.splitlines() if line and line[0] in "\u2713\u2717\u00b7"}
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert lines["test_causal_mask"].startswith("\u2717") and re.search(r"[\u4e00-\u9fff]{4}", lines["test_causal_mask"])
+    assert wrong.says not in lines["test_causal_mask"], lines["test_causal_mask"]
+    assert "可见检查" in res.stdout, res.stdout

@@ -2,12 +2,14 @@
 import contextlib
 import importlib
 import io
+import re
 
 import pytest
 
 import nbtools
 from attncourse.autograde import run_hidden_test
 from attncourse.checks import CheckFailed
+from attncourse.i18n import set_language, translate
 from conftest import CHAPTERS
 from fakeclass import cells_tested, zoo
 
@@ -43,12 +45,27 @@ def test_hidden_tests_fail_exactly_the_declared_cells(chapter, variant):
             assert not verdict["failures"], f"'{variant.name}' should pass {test_cell}: {verdict['failures'][:1]}"
 
 
+def _check_message(chapter, variant, language):
+    checks = importlib.import_module(f"attncourse.checks.{chapter}")
+    set_language(language)
+    try:
+        with pytest.raises(CheckFailed) as err, contextlib.redirect_stdout(io.StringIO()):
+            getattr(checks, variant.check)(candidate_for(chapter, variant))
+    finally:
+        set_language("en")
+    return str(err.value)
+
+
 @pytest.mark.parametrize("chapter, variant", list(_zoo_params()))
 def test_visible_check_names_the_mistake(chapter, variant):
-    checks = importlib.import_module(f"attncourse.checks.{chapter}")
-    with pytest.raises(CheckFailed) as err, contextlib.redirect_stdout(io.StringIO()):
-        getattr(checks, variant.check)(candidate_for(chapter, variant))
-    assert variant.says in str(err.value), f"the message should name the mistake: {err.value}"
+    """In English, the message contains the variant's phrase; in Chinese (a Chinese notebook's kernel),
+    it is the catalogue's translation of that same message, values and all."""
+    english = _check_message(chapter, variant, "en")
+    assert variant.says in english, f"the message should name the mistake: {english}"
+    chinese = _check_message(chapter, variant, "zh")
+    assert chinese == translate(english, "zh"), (english, chinese)
+    assert chinese != english and re.search(r"[\u4e00-\u9fff]", chinese), \
+        f"no Chinese for this message (make translations, then translate utils/attncourse/locale): {english}"
 
 
 def test_every_graded_component_has_a_zoo(chapter):

@@ -14,6 +14,7 @@ use any gettext tool (Poedit, Weblate, ...).
 """
 import argparse
 import difflib
+import functools
 import re
 import sys
 from dataclasses import dataclass
@@ -165,11 +166,79 @@ def _book_strings():
     return [(config, title)] + [(toc, c) for c in captions]
 
 
+class Messages(Source):
+    """The learner package's messages: every string and f-string of the code that talks to learners (the
+    visible checks, the hidden tests' client and summaries, `make validate`, the lab), as templates
+    whose ``{placeholders}`` are the f-string's expressions: "inputs are {q.dtype} but ...".  Its
+    catalogue lives in the package (attncourse.i18n reads the compiled .mo with gettext)."""
+    FILES = ["utils/attncourse/checks/*.py", "utils/attncourse/autograde.py", "utils/attncourse/forbid.py",
+             "utils/attncourse/lab/*.py",
+             "tools/validate.py", "solutions/attncourse_ref/grading/*.py"]
+
+    def __init__(self):
+        super().__init__("messages", ROOT / "utils" / "attncourse")
+
+    @property
+    def catalogue(self):
+        return self.path / "locale" / LANGUAGE / "LC_MESSAGES" / "attncourse.po"
+
+    def texts(self):
+        raise TypeError("messages are templates, not Markdown")
+
+    def units(self):
+        seen = {}
+        for pattern in self.FILES:
+            for path in sorted(ROOT.glob(pattern)):
+                for template, line in message_templates(path.read_text(encoding="utf-8")):
+                    seen.setdefault(template, f"{path.relative_to(ROOT)}:{line}")
+        return list(seen.items())
+
+
+def message_templates(code):
+    """[(template, line)] of the strings and f-strings in ``code`` that read as messages (two words or
+    more besides placeholders), docstrings left out."""
+    import ast
+    tree = ast.parse(code)
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+            skip.add(id(node.body[0].value))
+        if isinstance(node, ast.JoinedStr):
+            skip |= {id(v) for v in ast.walk(node) if v is not node}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            template = "".join(_template_part(v) for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            template = node.value.replace("{", "{{").replace("}", "}}")
+        else:
+            continue
+        literal = re.sub(r"\{(?!\{)[^{}]*\}", " ", template)
+        if len(re.findall(r"[A-Za-z]{2,}", literal)) >= 2 and " " in literal.strip():
+            out.append((template, node.lineno))
+    return sorted(out, key=lambda t: t[1])
+
+
+def _template_part(value):
+    import ast
+    if isinstance(value, ast.Constant):
+        return value.value.replace("{", "{{").replace("}", "}}")
+    text = ast.unparse(value.value)
+    if value.conversion != -1:
+        text += "!" + chr(value.conversion)
+    if value.format_spec is not None:
+        text += ":" + "".join(_template_part(v) for v in value.format_spec.values)
+    return "{" + text + "}"
+
+
 def sources():
     chapters = sorted(p for p in (ROOT / "chapters").glob("ch*/*.ipynb"))
     pages = [Source("intro", ROOT / "intro.md"), Source("glossary", ROOT / "glossary.md"),
              Source("README", ROOT / "README.md"), Source("book", ROOT / "_toc.yml")]
-    return [Source(p.parent.name, p) for p in chapters] + pages
+    return [Source(p.parent.name, p) for p in chapters] + pages + [Messages()]
 
 
 def source(name):
@@ -257,6 +326,8 @@ def update(src):
     current = {m.msgid for m in po}
     _carry_changed(po, [m for m in translated.values() if m.msgid not in current and m.msgstr])
     write_catalogue(po, src.catalogue)
+    if isinstance(src, Messages):
+        po.save_as_mofile(str(src.catalogue.with_suffix(".mo")))   # what Python's gettext reads
     return po
 
 
@@ -279,13 +350,23 @@ def translations(name):
             if m.msgid and m.msgstr and not m.fuzzy and not m.obsolete}
 
 
+LANGUAGE_CELL = ('import attncourse\n'
+                 f'attncourse.set_language("{LANGUAGE}")   # 中文版：可见检查、隐藏测试和反馈的信息都用中文显示')
+
+
 def translate_notebook(nb, name):
-    """A copy of ``nb`` with its Markdown cells in Chinese (code cells, outputs and metadata untouched)."""
+    """A copy of ``nb`` with its Markdown cells in Chinese (code cells, outputs and metadata untouched),
+    and, before its first code cell, one cell that sets the course's messages to Chinese."""
     table = translations(name)
     nb = nbformat.from_dict(nb)
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = translate_text(cell.source, table.get)
+    if not any(c.get("id") == "attncourse-language" for c in nb.cells):
+        first_code = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), len(nb.cells))
+        cell = nbformat.v4.new_code_cell(LANGUAGE_CELL)
+        cell.id = "attncourse-language"
+        nb.cells.insert(first_code, cell)
     nb.metadata.setdefault("attncourse", {})["language"] = LANGUAGE   # the edition a submission was written in
     return nb
 
@@ -330,7 +411,9 @@ def status(src, glossary=None):
         elif m.fuzzy:
             out.append(f"{where}: stale (the English changed): {_snippet(msgid)}")
         else:
-            out += [f"{where}: {p}: {_snippet(msgid)}" for p in i18n_fidelity.problems(msgid, m.msgstr, m, glossary)]
+            check = i18n_fidelity.message_problems if isinstance(src, Messages) else \
+                functools.partial(i18n_fidelity.problems, entry=m, glossary=glossary)
+            out += [f"{where}: {p}: {_snippet(msgid)}" for p in check(msgid, m.msgstr)]
     current = {u for u, _ in src.units()}
     out += [f"{src.name}: unused entry (run `python tools/i18n.py update`): {_snippet(k)}"
             for k in entries if k not in current]

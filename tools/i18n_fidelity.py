@@ -165,3 +165,20 @@ def problems(en, zh, entry=None, glossary=None):
                 out.append(f"glossary term {english!r} is not translated as {' / '.join(forms)!r} "
                            f"(or mark it `# {WAIVER} {english}`)")
     return out
+
+
+_PLACEHOLDER = re.compile(r"\{(?!\{)[^{}]*\}")
+
+
+def message_problems(en, zh):
+    """[what is wrong] with the translation ``zh`` of the message template ``en``: the same
+    ``{placeholders}`` (the values the code formats in), inline code and numbers, and Chinese text."""
+    if zh == en:          # kept as it is on purpose: code, a name, a test's input text
+        return []
+    out = _differ("placeholders", _PLACEHOLDER.findall(en), _PLACEHOLDER.findall(zh))
+    en_rest, zh_rest = _PLACEHOLDER.sub(" ", en), _PLACEHOLDER.sub(" ", zh)
+    out += _differ("inline code", _parts(en_rest)[0], _parts(zh_rest)[0])
+    out += _differ("numbers", _numbers(_EN_NUMBER, _parts(en_rest)[3]), _numbers(_ZH_NUMBER, _parts(zh_rest)[3]))
+    if len(re.findall(r"[A-Za-z]{2,}", _parts(en_rest)[3])) >= 4 and not _CJK.search(zh):
+        out.append("not written in Chinese")
+    return out

@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbtools  # noqa: E402
+from attncourse.i18n import set_language, translate  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -24,10 +25,10 @@ def verdict(cell):
         return "pass", ""
     err = errors[0]
     text = ANSI.sub("", f"{err.get('ename')}: {err.get('evalue')}")
-    if "not implemented yet" in text or err.get("ename") == "NotImplementedError":
-        return "not done", "replace `raise NotImplementedError()` with your code"
+    if err.get("ename") in ("NotDoneYet", "NotImplementedError") or "not implemented yet" in text:
+        return "not done", translate("replace `raise NotImplementedError()` with your code")
     if err.get("ename") == "NameError":
-        return "fail", text + " (did the cell that defines it run without an error?)"
+        return "fail", text + " " + translate("(did the cell that defines it run without an error?)")
     return "fail", text
 
 
@@ -42,11 +43,13 @@ def main(argv=None):
         nb = nbtools.read(path)
     except Exception as exc:
         raise SystemExit(f"{path} is not a readable notebook: {exc}")
+    # A Chinese notebook (make release LANG=zh) gets its report in Chinese, as its checks speak Chinese.
+    set_language(nb.metadata.get("attncourse", {}).get("language", "en"))
     tests = [c for c in nb.cells if nbtools.is_test(c)]
     if not tests:
         raise SystemExit(f"{path.name} has no graded test cells: is it a chapter notebook of this course?")
     timeout = int(os.environ.get("ATTNCOURSE_CELL_TIMEOUT", "120"))
-    print(f"running {path.name} top to bottom (cell timeout {timeout} s, as the grader) ...", flush=True)
+    print(translate(f"running {path.name} top to bottom (cell timeout {timeout} s, as the grader) ..."), flush=True)
     os.environ["ATTNCOURSE_GRADING_KERNEL"] = "1"            # demos shrink as they do under the grader
     nbtools.execute(nb, path.parent, timeout=timeout, interrupt_on_timeout=True)
     points = {"pass": 0.0, "total": 0.0}
@@ -57,9 +60,11 @@ def main(argv=None):
         state, message = verdict(cell)
         points["total"] += pts
         points["pass"] += pts if state == "pass" else 0
-        print(f"{symbol[state]} {gid:<{width}}  {pts:g} pt  {state}" + (f": {message}" if message else ""))
-    print(f"\nvisible checks pass for {points['pass']:g} of {points['total']:g} points. The hidden tests "
-          "(run when your notebook is graded) try many more shapes, dtypes and seeds.")
+        said = {"pass": translate("passes its visible checks"), "fail": translate("fails a visible check"),
+                "not done": translate("not done yet")}[state]
+        print(f"{symbol[state]} {gid:<{width}}  {pts:g} pt  {said}" + (f": {message}" if message else ""))
+    print("\n" + translate(f"visible checks pass for {points['pass']:g} of {points['total']:g} points. The hidden "
+                           "tests (run when your notebook is graded) try many more shapes, dtypes and seeds."))
     return 0 if points["pass"] == points["total"] else 1
 
 

@@ -6,6 +6,8 @@
 """
 import os
 
+from .i18n import language, set_language  # noqa: F401  (attncourse.set_language("zh"))
+
 __version__ = "0.1.0"
 
 # True inside a kernel that nbgrader started to grade a submission (see nbgrader_config.py).

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from . import _wire
+from .i18n import translate
 
 _REF_PACKAGE = "attncourse_ref"
 _server = None
@@ -244,16 +245,17 @@ def grade(test_id, candidate):
     """Hidden test cell entry point: raise AssertionError saying what is wrong, print a line if all passed."""
     imported = sorted(m for m in sys.modules if m == _REF_PACKAGE or m.startswith(_REF_PACKAGE + "."))
     if imported:
-        raise AssertionError(f"the submission imported the course's reference package ({imported[0]}); "
-                             "submissions must not use it")
+        raise AssertionError(translate(f"the submission imported the course's reference package ({imported[0]}); "
+                                       "submissions must not use it"))
     watch = _ReferenceWatch()
     verdict = run_hidden_test(test_id, candidate, watch)
     if watch.hit:
-        raise AssertionError(f"the submission called the course's reference code ({watch.hit}); "
-                             "submissions must not use it")
+        raise AssertionError(translate(f"the submission called the course's reference code ({watch.hit}); "
+                                       "submissions must not use it"))
     failures = verdict["failures"]
     if failures:
-        shown = "\n  ".join(failures[:3]) + (f"\n  ... and {len(failures) - 3} more" if len(failures) > 3 else "")
-        raise AssertionError(f"hidden test {test_id}: {len(failures)} of {verdict['n_cases']} randomized cases "
-                             f"failed:\n  {shown}")
-    print(f"hidden test {test_id}: all {verdict['n_cases']} randomized cases passed")
+        more = [translate(f"... and {len(failures) - 3} more")] if len(failures) > 3 else []
+        shown = "\n  ".join(failures[:3] + more)
+        raise AssertionError(translate(f"hidden test {test_id}: {len(failures)} of {verdict['n_cases']} randomized "
+                                       f"cases failed:\n  {shown}"))
+    print(translate(f"hidden test {test_id}: all {verdict['n_cases']} randomized cases passed"))

@@ -4,6 +4,6 @@ name the mistake they find.  ``from attncourse.checks import ch02`` then ``ch02.
 Passing a visible check is necessary, not sufficient: the hidden tests try many more shapes,
 dtypes, masks and seeds.
 """
-from ._core import CheckFailed
+from ._core import CheckFailed, NotDoneYet
 
-__all__ = ["CheckFailed"]
+__all__ = ["CheckFailed", "NotDoneYet"]

@@ -212,12 +212,12 @@ def _check_block(cls, kind, norm_first):
            "with and without padding")
         return
     if close(y, run(_flipped(theirs, kind))):
-        fail(f"post-norm and pre-norm are swapped: with norm_first={norm_first} the block must be "
-             + ("x = x + sublayer(norm(x)) (pre-norm)" if norm_first else "x = norm(x + sublayer(x)) (post-norm)"))
+        right = "x = x + sublayer(norm(x)) (pre-norm)" if norm_first else "x = norm(x + sublayer(x)) (post-norm)"
+        fail(f"post-norm and pre-norm are swapped: with norm_first={norm_first} the block must be {right}")
     inverted_message = ("your padding mask is inverted: nn.MultiheadAttention's key_padding_mask is True at PADDING, "
                         "ours is True at real tokens, so pass ~mask")
     if bool(torch.isnan(y).any()):
-        fail("NaN in the output: a query found no key to attend to. " + inverted_message)
+        fail(f"NaN in the output: a query found no key to attend to. {inverted_message}")
     if close(torch.nan_to_num(y), torch.nan_to_num(run(theirs, inverted=True))):
         fail(inverted_message)
     if kind == "decoder" and close(y, run(theirs, causal_mask=False)):
@@ -281,9 +281,10 @@ def _check_stack(cls, kind):
                 ("mask_ignored", "the memory mask does not reach the blocks: pass memory_mask to every DecoderBlock")]:
             if key in c and close(y, tensor(c[key])):
                 fail(message)
+        projection = ", the output projection" if kind == "decoder" else ""
         fail(f"{name} ({placement}-norm) differs from the expected output (max error {max_error(y, expected):.3g}). "
              f"If the {name}Block checks pass, check the order: embedding * sqrt(D) + positions, dropout, the "
-             "blocks, the final norm" + (", the output projection" if kind == "decoder" else ""))
+             f"blocks, the final norm{projection}")
     ok(f"{name}: embeddings * sqrt(D) + positions, {'encoder' if kind == 'encoder' else 'decoder'} blocks, "
        "final norm in pre-norm; post-norm and pre-norm")
 

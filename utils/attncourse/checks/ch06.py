@@ -4,7 +4,7 @@ import contextlib
 import torch
 
 from ..autograde import bare_module
-from ._core import (build_module, call, close, expect_tensor, fail, forbidding, load_cases, max_error, ok,
+from ._core import (NotDoneYet, build_module, call, close, expect_tensor, fail, forbidding, load_cases, max_error, ok,
                     require_callable, same, tensor)
 
 NO_MHA = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward")
@@ -271,7 +271,7 @@ def check_attention_cache(cls):
         with _watch_sdpa(seen), forbidding(NO_MHA, "CausalSelfAttention"):
             out = module(x, past_kv=past)
     except NotImplementedError:
-        fail("CausalSelfAttention.forward is not implemented yet: replace `raise NotImplementedError()`")
+        fail("CausalSelfAttention.forward is not implemented yet: replace `raise NotImplementedError()`", NotDoneYet)
     except Exception as exc:
         if "must match except in dimension" in str(exc) or (seen and seen[-1][0][1:2] + seen[-1][0][3:]
                                                              != seen[-1][1][1:2] + seen[-1][1][3:]):
@@ -453,7 +453,7 @@ def check_load_gpt2_weights(fn):
     try:
         fn(target, hf)
     except NotImplementedError:
-        fail("load_gpt2_weights is not implemented yet: replace `raise NotImplementedError()` with your code")
+        fail("load_gpt2_weights is not implemented yet: replace `raise NotImplementedError()` with your code", NotDoneYet)
     except (RuntimeError, ValueError) as exc:
         if "size" in str(exc) or "shape" in str(exc):
             fail(f"a shape mismatch while copying ({type(exc).__name__}: {str(exc)[:120]}). GPT-2's Conv1D weights "

@@ -4,7 +4,7 @@ import math
 import torch
 
 from ..lab.ranks import run_ranks
-from ._core import call, close, fail, forbidding, load_cases, max_error, ok, require_callable, same, tensor
+from ._core import NotDoneYet, call, close, fail, forbidding, load_cases, max_error, ok, require_callable, same, tensor
 
 CLIP_BUILTINS = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_",
                  "torch.nn.utils.get_total_norm", "torch.nn.utils.clip_grad.get_total_norm",
@@ -278,7 +278,7 @@ def check_all_reduce_mean(fn):
         try:
             outs = run_ranks(fn, ranks)
         except NotImplementedError:
-            fail("all_reduce_mean is not implemented yet: replace `raise NotImplementedError()` with your code")
+            fail("all_reduce_mean is not implemented yet: replace `raise NotImplementedError()` with your code", NotDoneYet)
         except TimeoutError as exc:
             fail(f"all_reduce_mean hangs on 2 ranks: {exc}")
         except Exception as exc:

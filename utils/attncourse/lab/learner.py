@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from ..i18n import translate
+
 # What the trainer calls, in the order the notebook defines them.
 FUNCTIONS = ("lr_at", "micro_batch_loss", "clip_grad_norm", "flops_per_token", "mfu",
              "shard_indices", "all_reduce_mean")
@@ -28,7 +30,11 @@ from torch import nn
 
 
 class LabError(RuntimeError):
-    """Something is wrong with the learner's module; the message says what and how to fix it."""
+    """Something is wrong with the learner's module; the message says what and how to fix it (in the
+    learner's language: attncourse.i18n)."""
+
+    def __init__(self, message):
+        super().__init__(translate(message))
 
 
 def _cell_source(obj):

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from . import data as labdata
 from . import hardware, learner
+from ..i18n import translate
 from .fallback import FallbackGPT
 
 
@@ -595,14 +596,14 @@ def main(argv=None):
     try:
         train(cfg)
     except learner.LabError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(translate(f"error: {exc}"), file=sys.stderr)
         return 2
     except NotImplementedError as exc:
         tb = exc.__traceback__
         while tb.tb_next:
             tb = tb.tb_next
-        print(f"error: {tb.tb_frame.f_code.co_name} in {cfg.code} is not implemented yet: finish that exercise in "
-              "the notebook and run the export cell again", file=sys.stderr)
+        print(translate(f"error: {tb.tb_frame.f_code.co_name} in {cfg.code} is not implemented yet: finish that "
+                        "exercise in the notebook and run the export cell again"), file=sys.stderr)
         return 2
     return 0
 

@@ -1,0 +1,402 @@
+"""Visible checks for chapter 05: the Transformer.
+
+The blocks are compared with torch.nn.TransformerEncoderLayer / TransformerDecoderLayer holding
+the same weights; everything else with stored cases (tools/make_check_data.py).
+"""
+import torch
+from torch import nn
+
+from ..layers import prefix_decoder
+from ._core import (build_module, call, close, expect_tensor, fail, forbidding, load_cases, max_error, ok,
+                    require_callable, same, tensor)
+
+# LayerNorm is written from scratch: none of PyTorch's normalisation layers may do it (the hidden
+# tests forbid the same list).
+LAYER_NORM_BUILTINS = ("torch.nn.functional.layer_norm", "torch.layer_norm", "torch.native_layer_norm",
+                       "torch.nn.LayerNorm", "torch.nn.functional.group_norm", "torch.group_norm",
+                       "torch.nn.functional.instance_norm", "torch.instance_norm",
+                       "torch.nn.functional.batch_norm", "torch.batch_norm")
+# The blocks and stacks are built from their parts, not from PyTorch's finished layers.
+TRANSFORMER_BUILTINS = ("torch.nn.TransformerEncoderLayer", "torch.nn.TransformerDecoderLayer",
+                        "torch.nn.TransformerEncoder", "torch.nn.TransformerDecoder", "torch.nn.Transformer")
+
+
+def _data():
+    return load_cases("ch05")
+
+
+# ---- LayerNorm ------------------------------------------------------------------------------------------------
+def _fresh_layer_norm(cls):
+    module = call(cls, 5, what="LayerNorm(5)")
+    if not isinstance(module, nn.Module):
+        fail("LayerNorm(5) should build a torch.nn.Module")
+    shapes = {k: list(v.shape) for k, v in module.state_dict().items()}
+    if shapes != {"weight": [5], "bias": [5]}:
+        fail(f"LayerNorm(5) should hold exactly weight [5] and bias [5] (torch.nn.LayerNorm's names); yours: {shapes}")
+    if not all(isinstance(getattr(module, n, None), nn.Parameter) for n in ("weight", "bias")):
+        fail("weight and bias must be nn.Parameter, or the optimiser never trains them")
+    if not (bool((module.weight == 1).all()) and bool((module.bias == 0).all())):
+        fail("a fresh LayerNorm should start with weight = ones and bias = zeros, so that at first it only normalises")
+
+
+def check_layer_norm(cls):
+    """Check LayerNorm(normalized_shape, eps=1e-5): forward in float64 and float32, against stored cases."""
+    require_callable(cls, "LayerNorm", kind="class")
+    c = _data()["layer_norm"]
+    with forbidding(LAYER_NORM_BUILTINS, "LayerNorm"):
+        _fresh_layer_norm(cls)
+        module = build_module(cls, c["init"], "LayerNorm", c["state"])
+        x = tensor(c["x"])
+        y = expect_tensor(call(module, x, what="LayerNorm.forward(x)"), "LayerNorm output", shape=(2, 3, 5),
+                          dtype=torch.float64).detach()
+        if not close(y, tensor(c["output"]), 1e-9):
+            for key, message in [
+                    ("unbiased", "your variance is unbiased (divides by D - 1); LayerNorm divides by D: "
+                                 "x.var(dim=-1, unbiased=False), or the mean of (x - mean)^2"),
+                    ("eps_outside", "eps goes inside the square root: (x - mean) / sqrt(var + eps), "
+                                    "not (x - mean) / (sqrt(var) + eps)"),
+                    ("wrong_axis", "you normalised over the tokens (dim -2); LayerNorm normalises each token over "
+                                   "its own D features: the last dimension (dim=-1, keepdim=True)"),
+                    ("no_affine", "you normalised but forgot the learned scale and shift: multiply by weight, "
+                                  "then add bias"),
+                    ("swapped_affine", "weight and bias are swapped: y = z * weight + bias")]:
+                if close(y, tensor(c[key]), 1e-9):
+                    fail(message)
+            fail(f"LayerNorm differs from the expected output (max error {max_error(y, tensor(c['output'])):.3g}): "
+                 "mean and biased variance over the last dimension, then (x - mean) / sqrt(var + eps) * weight + bias")
+        ok("float64: mean and biased variance over the last dimension, eps inside the root, weight and bias")
+        y32 = expect_tensor(call(module.float(), x.float(), what="LayerNorm on float32 input"),
+                            "LayerNorm output for float32 input", shape=(2, 3, 5))
+        if y32.dtype != torch.float32:
+            fail(f"float32 input gave {y32.dtype} output: keep the input's dtype")
+        fresh = call(cls, 6, what="LayerNorm(6)").float()
+        big = call(fresh, tensor(c["offset_x"]).float(), what="LayerNorm on float32 inputs near 100").detach()
+        err = max_error(big, tensor(c["offset_output"]))
+        if not err <= 2e-3:
+            fail(f"float32 inputs near 100 with a spread of 0.05 give an error of {err:.3g}: computing the variance "
+                 "as mean(x^2) - mean(x)^2 subtracts two nearly equal numbers and loses every significant digit. "
+                 "Use the mean of (x - mean)^2")
+    ok("float32: same dtype out, and precise when the mean is large")
+
+
+def check_layer_norm_grad(cls):
+    """Check that gradients flow through LayerNorm (to the input and to weight and bias)."""
+    require_callable(cls, "LayerNorm", kind="class")
+    c = _data()["layer_norm"]
+    with forbidding(LAYER_NORM_BUILTINS, "LayerNorm"):
+        module = build_module(cls, c["init"], "LayerNorm", c["state"])
+        x = tensor(c["x"]).requires_grad_()
+        y = call(module, x, what="LayerNorm.forward(x)")
+    if not (isinstance(y, torch.Tensor) and y.requires_grad):
+        fail("the output is cut off from autograd (.detach(), .item(), .numpy() or torch.no_grad()): "
+             "the hidden tests backpropagate through your LayerNorm")
+    weighted = (y * tensor(c["cotangent"])).sum()
+    g, gw = torch.autograd.grad(weighted, [x, module.weight], allow_unused=True)
+    if gw is None:
+        fail("weight receives no gradient: use self.weight (an nn.Parameter) in forward")
+    if g is None:
+        fail("the input receives no gradient")
+    if close(g, tensor(c["grad"]), 1e-9):
+        ok("gradients match torch.nn.LayerNorm's, through the mean and the variance")
+        return
+    if close(g, tensor(c["detached_grad"]), 1e-9):
+        fail("the gradient ignores how the mean and the variance depend on x: you detached them (.detach(), "
+             ".item() or torch.no_grad()). Let autograd see the whole computation")
+    fail(f"the gradient with respect to x differs from the expected one (max error "
+         f"{max_error(g, tensor(c['grad'])):.3g})")
+
+
+# ---- FeedForward ----------------------------------------------------------------------------------------------
+def check_feed_forward(cls):
+    """Check FeedForward(d_model, d_ff, activation, dropout).forward(x) for both activations."""
+    c = _data()["feed_forward"]
+    x = tensor(c["x"])
+    for activation in ("relu", "gelu"):
+        init = {"d_model": 4, "d_ff": 6, "activation": activation, "dropout": 0.1}
+        module = build_module(cls, init, "FeedForward", c["state"])
+        y = expect_tensor(call(module, x, what=f"FeedForward(activation={activation!r}).forward(x)"),
+                          "FeedForward output", shape=(2, 3, 4), dtype=torch.float64).detach()
+        if close(y, tensor(c[activation])):
+            continue
+        if close(y, tensor(c["no_activation"])):
+            fail("there is no nonlinearity between the two linear layers (two linear maps in a row are one "
+                 "linear map): apply the activation to linear1's output")
+        if activation == "gelu" and close(y, tensor(c["relu"])):
+            fail("activation='gelu' still uses ReLU: pick F.gelu or F.relu according to self.activation")
+        if activation == "gelu" and close(y, tensor(c["gelu_tanh"])):
+            fail("you used the tanh approximation of GELU; PyTorch's Transformer layers use the exact one, "
+                 "F.gelu(x) (approximate='none')")
+        fail(f"FeedForward(activation={activation!r}) differs from linear2(activation(linear1(x))) "
+             f"(max error {max_error(y, tensor(c[activation])):.3g})")
+    ok("FeedForward: linear2(activation(linear1(x))) with ReLU and with GELU")
+
+
+# ---- encoder and decoder blocks ------------------------------------------------------------------------------
+def _torch_layer(kind, norm_first):
+    """torch's own layer with fixed random weights (norms and biases drawn at random too), float64, eval."""
+    cls = nn.TransformerEncoderLayer if kind == "encoder" else nn.TransformerDecoderLayer
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        layer = cls(8, 2, 12, 0.1, "relu", batch_first=True, norm_first=norm_first, dtype=torch.float64)
+        with torch.no_grad():
+            for name, p in layer.named_parameters():
+                if "norm" in name or name.endswith("bias"):
+                    p.add_(torch.randn_like(p) * 0.3)
+    return layer.eval()
+
+
+def _flipped(layer, kind):
+    other = _torch_layer(kind, not layer.norm_first)
+    other.load_state_dict(layer.state_dict())
+    return other
+
+
+def _run_torch(layer, *args, **kwargs):
+    # Autograd on: PyTorch's exact path rather than its inference fast path (same maths, other rounding).
+    with torch.enable_grad():
+        return layer(*args, **kwargs).detach()
+
+
+def _block_inputs():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 5, 8, generator=g, dtype=torch.float64)
+    memory = torch.randn(2, 7, 8, generator=g, dtype=torch.float64)
+    enc_mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    mem_mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    return x, memory, enc_mask, mem_mask
+
+
+def _cross_attention_inputs(module, args, kwargs):
+    """Pre-hook on the decoder block's cross-attention: x has 5 positions, memory 7."""
+    names = ["query", "key", "value"]
+    given = dict(zip(names, args), **{k: v for k, v in kwargs.items() if k in names})
+    query, key = given.get("query"), given.get("key")
+    if query is not None and query.shape[-2] == 7:
+        fail("your cross-attention takes its queries from the encoder output (memory). Queries come from the "
+             "decoder, keys and values from memory: multihead_attn(x, memory, memory)")
+    if key is not None and key.shape[-2] == 5:
+        fail("your cross-attention takes its keys and values from the decoder itself; they come from the "
+             "encoder output: multihead_attn(x, memory, memory)")
+
+
+def _check_block(cls, kind, norm_first):
+    name = "EncoderBlock" if kind == "encoder" else "DecoderBlock"
+    theirs = _torch_layer(kind, norm_first)
+    init = {"d_model": 8, "n_heads": 2, "d_ff": 12, "dropout": 0.1, "activation": "relu", "norm_first": norm_first}
+    x, memory, enc_mask, mem_mask = _block_inputs()
+    causal = nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.float64)
+    with forbidding(TRANSFORMER_BUILTINS, name):
+        mine = build_module(cls, init, name, {k: v.tolist() for k, v in theirs.state_dict().items()})
+        if kind == "decoder":
+            mine.multihead_attn.register_forward_pre_hook(_cross_attention_inputs, with_kwargs=True)
+        if kind == "encoder":
+            y = call(mine, x, key_mask=enc_mask, what=f"{name}.forward(x, key_mask)")
+            y_plain = call(mine, x, what=f"{name}.forward(x)")
+        else:
+            y = call(mine, x, memory, memory_mask=mem_mask, what=f"{name}.forward(x, memory, memory_mask)")
+            y_plain = call(mine, x, memory, what=f"{name}.forward(x, memory)")
+    expect_tensor(y, f"{name} output", shape=(2, 5, 8), dtype=torch.float64)
+    y, y_plain = y.detach(), y_plain.detach()
+
+    def run(layer, masked=True, causal_mask=True, inverted=False):
+        pad = (enc_mask if kind == "encoder" else mem_mask) if inverted else ~(enc_mask if kind == "encoder" else mem_mask)
+        if kind == "encoder":
+            return _run_torch(layer, x, src_key_padding_mask=pad if masked else None)
+        return _run_torch(layer, x, memory, tgt_mask=causal if causal_mask else None,
+                          memory_key_padding_mask=pad if masked else None)
+
+    expected = run(theirs)
+    placement = "pre-norm (norm_first=True)" if norm_first else "post-norm (norm_first=False)"
+    if close(y, expected) and close(y_plain, run(theirs, masked=False)):
+        ok(f"{name}, {placement}: matches torch.nn.Transformer{kind.title()}Layer with the same weights, "
+           "with and without padding")
+        return
+    if close(y, run(_flipped(theirs, kind))):
+        right = "x = x + sublayer(norm(x)) (pre-norm)" if norm_first else "x = norm(x + sublayer(x)) (post-norm)"
+        fail(f"post-norm and pre-norm are swapped: with norm_first={norm_first} the block must be {right}")
+    inverted_message = ("your padding mask is inverted: nn.MultiheadAttention's key_padding_mask is True at PADDING, "
+                        "ours is True at real tokens, so pass ~mask")
+    if bool(torch.isnan(y).any()):
+        fail(f"NaN in the output: a query found no key to attend to. {inverted_message}")
+    if close(torch.nan_to_num(y), torch.nan_to_num(run(theirs, inverted=True))):
+        fail(inverted_message)
+    if kind == "decoder" and close(y, run(theirs, causal_mask=False)):
+        fail("the decoder's self-attention sees the future: pass attn_mask = the upper triangle (True above the "
+             "diagonal, i.e. blocked) so that position t attends to positions 0..t only")
+    if close(y, run(theirs, masked=False)):
+        what = "key_mask" if kind == "encoder" else "memory_mask"
+        fail(f"padding is attended: {what} is ignored. Pass key_padding_mask=~{what} to the attention "
+             "(PyTorch's mask is True at padding)")
+    fail(f"{name} ({placement}) differs from torch.nn.Transformer{kind.title()}Layer with the same weights "
+         f"(max error {max_error(y, expected):.3g}): check each residual connection (x + sublayer(x), with the "
+         "block's input x), which norm goes where, and that the feed-forward network comes last")
+
+
+def check_encoder_block(cls):
+    """Check EncoderBlock with norm_first=False (post-norm) against torch.nn.TransformerEncoderLayer."""
+    _check_block(cls, "encoder", False)
+
+
+def check_encoder_pre_norm(cls):
+    """Check EncoderBlock with norm_first=True (pre-norm) against torch.nn.TransformerEncoderLayer."""
+    _check_block(cls, "encoder", True)
+
+
+def check_decoder_block(cls):
+    """Check DecoderBlock with norm_first=False (post-norm) against torch.nn.TransformerDecoderLayer."""
+    _check_block(cls, "decoder", False)
+
+
+def check_decoder_pre_norm(cls):
+    """Check DecoderBlock with norm_first=True (pre-norm) against torch.nn.TransformerDecoderLayer."""
+    _check_block(cls, "decoder", True)
+
+
+# ---- the encoder and decoder stacks ----------------------------------------------------------------------------
+def _check_stack(cls, kind):
+    name = kind.title()
+    for placement in ("post", "pre"):
+        c = _data()[f"{kind}_{placement}"]
+        inputs = c["inputs"]
+        with forbidding(TRANSFORMER_BUILTINS, name):
+            module = build_module(cls, c["init"], name, c["state"])
+            if kind == "encoder":
+                y = call(module, torch.tensor(inputs["src"]), torch.tensor(inputs["src_mask"]),
+                         what="Encoder.forward(src, src_mask)")
+            else:
+                y = call(module, torch.tensor(inputs["tgt_in"]), tensor(inputs["memory"]),
+                         memory_mask=torch.tensor(inputs["memory_mask"]), what="Decoder.forward(tgt_in, memory, memory_mask)")
+        expected = tensor(c["output"])
+        y = expect_tensor(y, f"{name} output", shape=tuple(expected.shape), dtype=torch.float64).detach()
+        if close(y, expected):
+            continue
+        for key, message in [
+                ("unscaled", "the token embeddings are not scaled: multiply them by sqrt(d_model) before adding "
+                             "the positions"),
+                ("scaled_by_d", "you multiplied the embeddings by d_model; the scale is sqrt(d_model)"),
+                ("no_positions", "there is no positional information: add pos_embedding(positions 0..N-1) to the "
+                                 "scaled token embeddings"),
+                ("no_final_norm", "a pre-norm stack ends with one more LayerNorm (self.norm): apply it to the last "
+                                  "block's output"),
+                ("mask_ignored", "the memory mask does not reach the blocks: pass memory_mask to every DecoderBlock")]:
+            if key in c and close(y, tensor(c[key])):
+                fail(message)
+        projection = ", the output projection" if kind == "decoder" else ""
+        fail(f"{name} ({placement}-norm) differs from the expected output (max error {max_error(y, expected):.3g}). "
+             f"If the {name}Block checks pass, check the order: embedding * sqrt(D) + positions, dropout, the "
+             f"blocks, the final norm{projection}")
+    ok(f"{name}: embeddings * sqrt(D) + positions, {'encoder' if kind == 'encoder' else 'decoder'} blocks, "
+       "final norm in pre-norm; post-norm and pre-norm")
+
+
+def check_encoder(cls):
+    """Check Encoder.forward(src, src_mask) -> memory, post-norm and pre-norm, against stored cases."""
+    _check_stack(cls, "encoder")
+
+
+def check_decoder(cls):
+    """Check Decoder.forward(tgt_in, memory, memory_mask) -> logits, post-norm and pre-norm."""
+    _check_stack(cls, "decoder")
+
+
+def _scalar(stored):
+    return tensor(stored).reshape(())
+
+
+# ---- teacher forcing -------------------------------------------------------------------------------------------
+def check_shift_right(fn):
+    """Check shift_right(tgt, bos) -> the decoder's input under teacher forcing."""
+    require_callable(fn, "shift_right")
+    c = _data()["teacher_forcing"]
+    tgt, expected = torch.tensor(c["tgt"]), torch.tensor(c["shifted"])
+    original = tgt.clone()
+    out = expect_tensor(call(fn, tgt, c["bos"], what=f"shift_right(tgt, bos={c['bos']})"), "shift_right(tgt, bos)")
+    if not same(tgt, original):
+        fail("shift_right changed tgt in place: the same target is still needed for the loss. Build a new tensor")
+    if out.dtype != torch.long:
+        fail(f"token ids are integers: return a long tensor, not {out.dtype}")
+    if tuple(out.shape) == (2, 5):
+        fail("the decoder input must have the target's length T: put bos first and drop the last token (tgt[:, :-1])")
+    expect_tensor(out, "shift_right(tgt, bos)", shape=(2, 4))
+    if same(out, expected):
+        ok("shift_right: bos, then the target without its last token")
+        return
+    if same(out, tgt):
+        fail("the target is not shifted: the decoder would read the very token it must predict at each position "
+             "and learn to copy it. Put bos first and drop the last token")
+    if same(out[:, :-1], tgt[:, 1:]):
+        fail("you shifted left; the decoder input is shifted RIGHT: position t reads the target token t - 1")
+    if bool((out[:, -1] == c["bos"]).all()):
+        fail("bos goes first (position 0), not last")
+    fail(f"shift_right should give\n{expected}\ngot\n{out}")
+
+
+def check_sequence_loss(fn):
+    """Check sequence_loss(logits, target, pad=0): mean cross-entropy over the real (non-pad) tokens."""
+    require_callable(fn, "sequence_loss")
+    c = _data()["teacher_forcing"]
+    logits, target = tensor(c["logits"]).requires_grad_(), torch.tensor(c["target"])
+    loss = expect_tensor(call(fn, logits, target, what="sequence_loss(logits, target)"), "the loss", shape=(),
+                         dtype=torch.float64)
+    if not close(loss, _scalar(c["loss"]), 1e-9):
+        for key, message in [
+                ("with_padding", "padding is counted in the loss: positions whose target is pad must be ignored "
+                                 "(cross_entropy(..., ignore_index=pad)), and the mean taken over real tokens only"),
+                ("summed", "you summed over the real tokens; take the mean, so the loss does not grow with the batch"),
+                ("mean_of_means", "you averaged each sequence's mean: every real token should count equally, so "
+                                  "divide the total by the number of real tokens in the whole batch")]:
+            if close(loss, _scalar(c[key]), 1e-9):
+                fail(message)
+        fail(f"the loss is {float(loss):.6f}, expected {float(_scalar(c['loss'])):.6f}: cross-entropy of logits [B, T, V] against "
+             "target [B, T] at the non-pad positions (flatten B and T, or move V to dim 1)")
+    (g,) = torch.autograd.grad(loss, logits)
+    if not close(g, tensor(c["loss_grad"]), 1e-9):
+        fail("the loss is right but its gradient is not: compute it with differentiable torch operations")
+    ok("mean cross-entropy over the real tokens, padding ignored")
+    other = call(fn, tensor(c["logits"]), torch.tensor(c["pad_4_target"]), pad=4, what="sequence_loss(..., pad=4)")
+    if not close(other, _scalar(c["pad_4_loss"]), 1e-9):
+        fail("with pad=4 the positions whose target is 4 must be ignored: use the pad argument, not 0")
+    low = call(fn, tensor(c["logits"]).float(), target, what="sequence_loss on float32 logits")
+    if not (isinstance(low, torch.Tensor) and low.dtype == torch.float32):
+        fail("float32 logits should give a float32 loss")
+    ok("the pad argument is used; float32 in, float32 out")
+
+
+# ---- greedy decoding -----------------------------------------------------------------------------------------------
+def check_greedy_decode(fn):
+    """Check greedy_decode(decode, memory, memory_mask, bos, eos, max_len, pad=0) with a fixed decoder."""
+    require_callable(fn, "greedy_decode")
+    c = _data()["greedy"]
+    decode = prefix_decoder(tensor(c["weight"]))
+    widths = []
+
+    def spy(tgt_in, memory, memory_mask=None):
+        widths.append(tgt_in.shape[-1])
+        return decode(tgt_in, memory, memory_mask)
+
+    expected = torch.tensor(c["output"])
+    out = call(fn, spy, tensor(c["memory"]), torch.tensor(c["mask"]), c["bos"], c["eos"], c["max_len"],
+               what="greedy_decode(decode, memory, memory_mask, bos, eos, max_len)")
+    out = expect_tensor(out, "greedy_decode output")
+    if out.dtype != torch.long:
+        fail(f"return token ids as a long tensor, not {out.dtype}")
+    if widths and max(widths) == 1:
+        fail("each step you pass the decoder only the last token: a Transformer decoder keeps no state, so give it "
+             "the whole prefix (bos and every token so far) and read the logits of the LAST position")
+    if same(out, expected):
+        never = call(fn, decode, tensor(c["memory_never"]), torch.tensor(c["mask_never"]), c["bos"], c["eos"],
+                     c["max_len"], what="greedy_decode on a sequence that never produces eos")
+        if not same(never, torch.tensor(c["output_never"])):
+            fail(f"a sequence that never produces eos must stop after max_len = {c['max_len']} tokens; expected "
+                 f"{c['output_never']}, got {never.tolist()}")
+        ok("greedy decoding: the whole prefix each step, eos included, pad after it, stops when all are done")
+        return
+    width = expected.shape[1]
+    if tuple(out.shape) == (3, width + 1) and same(out[:, 1:], expected):
+        fail("leave bos out of the result: return the generated tokens only")
+    if tuple(out.shape) == (3, c["max_len"]) and same(out[:, :width], expected):
+        fail("your loop runs to max_len even after every sequence has produced eos: stop as soon as all are done")
+    if tuple(out.shape) == tuple(expected.shape) and same(out[expected != 0], expected[expected != 0]):
+        fail("after a sequence's eos, write pad (0) in its remaining positions")
+    fail(f"greedy_decode should give\n{expected}\ngot\n{out}\nAt each step take the argmax of the logits at the "
+         "last position of the prefix, logits[:, -1], and append it to the prefix")

@@ -1,0 +1,678 @@
+"""Visible checks for chapter 06: tokenizers, the GPT, GPT-2's weights, loss, sampling, KV cache, MLM masking."""
+import contextlib
+
+import torch
+
+from ..autograde import bare_module
+from ._core import (NotDoneYet, build_module, call, close, expect_tensor, fail, forbidding, load_cases, max_error, ok,
+                    require_callable, same, tensor)
+
+NO_MHA = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward")
+IGNORE = -100
+
+
+def _data():
+    return load_cases("ch06")
+
+
+def _expect_str(s, what):
+    if not isinstance(s, str):
+        fail(f"{what} should return a str, got {type(s).__name__}")
+    return s
+
+
+def _expect_ids(ids, what):
+    if isinstance(ids, torch.Tensor) or not isinstance(ids, list):
+        fail(f"{what} should return a list of ints (a Python list), got {type(ids).__name__}")
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        fail(f"{what} should return a list of Python ints; found {sorted({type(i).__name__ for i in ids})}")
+    return ids
+
+
+# ---- character tokenizer -------------------------------------------------------------------------
+def check_char_vocab(fn):
+    """Check char_vocab(corpus) -> str of the distinct characters, sorted by code point."""
+    require_callable(fn, "char_vocab")
+    c = _data()["tokenizers"]
+    vocab = _expect_str(call(fn, c["corpus"], what="char_vocab(corpus)"), "char_vocab")
+    if len(vocab) != len(set(vocab)):
+        fail("your vocabulary repeats characters: keep each distinct character once")
+    if set(vocab) != set(c["corpus"]):
+        fail(f"your vocabulary should hold exactly the characters of the corpus; missing "
+             f"{sorted(set(c['corpus']) - set(vocab))}, extra {sorted(set(vocab) - set(c['corpus']))}")
+    if vocab != c["vocab"]:
+        fail(f"the characters must be sorted by code point (sorted(...)), so that ids do not depend on the "
+             f"order of the text: expected {c['vocab']!r}, got {vocab!r}")
+    if call(fn, "", what="char_vocab('')") != "":
+        fail("char_vocab('') should be the empty string")
+    ok(f"char_vocab: {len(vocab)} distinct characters, sorted")
+
+
+def check_char_encode(fn):
+    """Check char_encode(text, vocab) -> list[int], unknown characters -> len(vocab)."""
+    require_callable(fn, "char_encode")
+    c = _data()["tokenizers"]
+    vocab = c["vocab"]
+    ids = _expect_ids(call(fn, c["encode_text"], vocab, what="char_encode(text, vocab)"), "char_encode")
+    if len(ids) != len(c["encode_text"]):
+        fail(f"char_encode must give one id per character ({len(c['encode_text'])} here), got {len(ids)}: "
+             "a character missing from the vocabulary gets the id len(vocab), it is not dropped")
+    if ids != c["encoded"]:
+        known = [i for i, ch in enumerate(c["encode_text"]) if ch in vocab]
+        if all(ids[i] == c["encoded"][i] for i in known):
+            fail(f"the known characters are right, but a character missing from the vocabulary must get the id "
+                 f"len(vocab) = {len(vocab)} (the unknown id); yours got {[ids[i] for i in range(len(ids)) if i not in known]}")
+        fail(f"char_encode('{c['encode_text']}') should be {c['encoded']}, got {ids}: the id of a character is "
+             "its index in vocab")
+    if call(fn, "", vocab, what="char_encode('', vocab)") != []:
+        fail("char_encode('', vocab) should be []")
+    ok("char_encode: ids are indices in the vocabulary; unknown characters get len(vocab)")
+
+
+def check_char_decode(fn):
+    """Check char_decode(ids, vocab) -> str; the unknown id decodes to U+FFFD."""
+    require_callable(fn, "char_decode")
+    c = _data()["tokenizers"]
+    vocab, known = c["vocab"], "hello"
+    ids = [vocab.index(ch) for ch in known]
+    for given, what in [(ids, "a list"), (torch.tensor(ids), "a tensor")]:
+        text = _expect_str(call(fn, given, vocab, what=f"char_decode({what} of ids, vocab)"), "char_decode")
+        if text != known:
+            fail(f"char_decode({what} {ids}) should be {known!r}, got {text!r}")
+    text = _expect_str(call(fn, [ids[0], len(vocab), ids[1]], vocab, what="char_decode with the unknown id"),
+                       "char_decode")
+    if text != "h\ufffde":
+        fail(f"the unknown id len(vocab) = {len(vocab)} must decode to the replacement character U+FFFD "
+             f"('\\ufffd'); [h, unknown, e] gave {text!r}")
+    ok("char_decode: lists and tensors of ids; the unknown id becomes U+FFFD")
+
+
+# ---- byte-pair encoding ------------------------------------------------------------------------------
+def check_merge_pair(fn):
+    """Check merge_pair(ids, pair, new_id) -> new list, non-overlapping left to right."""
+    require_callable(fn, "merge_pair")
+    ids = [1, 2, 3, 1, 2, 2]
+    out = _expect_ids(call(fn, ids, (1, 2), 256, what="merge_pair([1, 2, 3, 1, 2, 2], (1, 2), 256)"), "merge_pair")
+    if ids != [1, 2, 3, 1, 2, 2]:
+        fail("merge_pair changed its input list: build and return a new list")
+    if out == [256, 3, 1, 2, 2]:
+        fail("only the first occurrence was replaced: replace every occurrence of the pair")
+    if len(out) > 4 and out[:2] == [256, 2]:
+        fail("after a match, skip both elements of the pair (the next one to look at is two further on)")
+    if out != [256, 3, 256, 2]:
+        fail(f"merge_pair([1, 2, 3, 1, 2, 2], (1, 2), 256) should be [256, 3, 256, 2], got {out}")
+    run = call(fn, [7, 7, 7], (7, 7), 300, what="merge_pair([7, 7, 7], (7, 7), 300)")
+    if run != [300, 7]:
+        fail(f"occurrences must not overlap, scanning left to right: [7, 7, 7] with (7, 7) -> [300, 7], got {run}")
+    for ids, expected in [([], []), ([1], [1]), ([2, 1], [2, 1])]:
+        got = call(fn, ids, (1, 2), 256, what=f"merge_pair({ids}, (1, 2), 256)")
+        if got != expected:
+            fail(f"merge_pair({ids}, (1, 2), 256) should be {expected}, got {got}")
+    ok("merge_pair: every occurrence, left to right, no overlaps")
+
+
+def _as_pairs(merges, what):
+    if not isinstance(merges, list):
+        fail(f"{what} should return a list of (a, b) pairs, got {type(merges).__name__}")
+    try:
+        return [tuple(int(x) for x in m) for m in merges]
+    except (TypeError, ValueError):
+        fail(f"{what} should return a list of (a, b) pairs of ints")
+
+
+def check_bpe_train(fn):
+    """Check bpe_train(text, n_merges) -> list of (a, b) merges; merge i creates token 256 + i."""
+    require_callable(fn, "bpe_train")
+    c = _data()["tokenizers"]
+    short = _as_pairs(call(fn, "abcd", 5, what="bpe_train('abcd', 5)"), "bpe_train")
+    if short:
+        fail(f"in 'abcd' every pair occurs once: training must stop at once (no pair occurs at least twice); "
+             f"you returned {short}")
+    ties = _as_pairs(call(fn, c["tie_text"], 3, what=f"bpe_train({c['tie_text']!r}, 3)"), "bpe_train")
+    want_ties = [tuple(m) for m in c["tie_merges"]]
+    if ties != want_ties:
+        if len(ties) > len(want_ties) and ties[:len(want_ties)] == want_ties:
+            fail(f"training must stop when no pair occurs at least twice; {c['tie_text']!r} gives "
+                 f"{want_ties}, you returned {ties}")
+        if sorted(ties) == sorted(want_ties):
+            fail(f"pairs that tie on count go to the smallest pair (a, b): {c['tie_text']!r} with 3 merges gives "
+                 f"{want_ties}, you returned {ties}")
+    want = [tuple(m) for m in c["merges"]]
+    got = _as_pairs(call(fn, c["bpe_text"], 12, what="bpe_train(text, 12)"), "bpe_train")
+    if any(x >= 256 + len(got) for pair in got for x in pair):
+        fail("train on the UTF-8 bytes of the text (list(text.encode('utf-8'))), not on its characters: your "
+             "merges hold ids above 255 that no merge created (code points); bytes keep the base vocabulary "
+             "at 256 symbols for any language")
+    if got != want or ties != want_ties:
+        got, want, text = (got, want, c["bpe_text"]) if got != want else (ties, want_ties, c["tie_text"])
+        n = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        fail(f"for {text!r}, merge {n} should be {want[n] if n < len(want) else 'none (training stops)'}, got "
+             f"{got[n] if n < len(got) else 'none'}: count every adjacent pair of the current ids (overlapping "
+             "ones too), take the most frequent, smallest pair on ties, and give merge i the id 256 + i")
+    ok(f"bpe_train: the {len(want)} merges of the stored case, ties to the smallest pair, early stop")
+
+
+def check_bpe_encode(fn):
+    """Check bpe_encode(text, merges) -> list[int], and that more merges never give more tokens."""
+    require_callable(fn, "bpe_encode")
+    c = _data()["tokenizers"]
+    merges = [tuple(m) for m in c["merges"]]
+    text = "the newest lowest 新的"
+    ids = _expect_ids(call(fn, text, merges, what="bpe_encode(text, merges)"), "bpe_encode")
+    base = call(fn, text, [], what="bpe_encode(text, [])")
+    if base != list(text.encode("utf-8")):
+        fail(f"with no merges bpe_encode must return the UTF-8 bytes of the text (list(text.encode('utf-8'))), "
+             f"got {base[:12]}...")
+    if ids != c["encoded_bpe"]:
+        fail(f"bpe_encode(text, merges) should be {c['encoded_bpe']}, got {ids}: apply the merges in the "
+             "order they were learned (merge i creates 256 + i), each over the whole sequence")
+    counts = [len(call(fn, text, merges[:k], what="bpe_encode")) for k in range(len(merges) + 1)]
+    if any(b > a for a, b in zip(counts, counts[1:])):
+        fail(f"adding merges must never add tokens; token counts with 0, 1, 2, ... merges: {counts}")
+    ok(f"bpe_encode: {len(text)} characters -> {len(ids)} tokens; counts never grow with more merges: {counts}")
+
+
+def check_bpe_decode(fn):
+    """Check bpe_decode(ids, merges) -> str: any Unicode string comes back; invalid bytes -> U+FFFD."""
+    require_callable(fn, "bpe_decode")
+    c = _data()["tokenizers"]
+    merges = [tuple(m) for m in c["merges"]]
+    text = _expect_str(call(fn, c["encoded_bpe"], merges, what="bpe_decode(ids, merges)"), "bpe_decode")
+    if "\ufffd" in text and "the newest" in text:
+        fail("Chinese characters came back as U+FFFD: a character's UTF-8 bytes can be split over several "
+             "tokens, so join the bytes of all tokens first and decode the whole byte string once")
+    if text != "the newest lowest 新的":
+        fail(f"bpe_decode should give back 'the newest lowest 新的', got {text!r}")
+    for s in ["学而时习之", "naïve 🙂", ""]:
+        back = call(fn, list(s.encode("utf-8")), [], what="bpe_decode(bytes, [])")
+        if back != s:
+            fail(f"with no merges the ids are the UTF-8 bytes: bpe_decode(list({s!r}.encode()), []) should be {s!r}, "
+                 f"got {back!r}")
+    bad = call(fn, [0xE4, 0x41], [], what="bpe_decode([0xE4, 0x41], [])")
+    if bad != "\ufffdA":
+        fail(f"bytes that are not valid UTF-8 decode to U+FFFD (errors='replace'): [0xE4, 0x41] should give "
+             f"'\\ufffdA', got {bad!r}")
+    ok("bpe_decode: joins the bytes, decodes once; Chinese and emoji survive; invalid bytes become U+FFFD")
+
+
+# ---- the GPT ---------------------------------------------------------------------------------------------
+def _pair(out, what):
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        fail(f"{what} should return a pair, got {type(out).__name__}")
+    return out
+
+
+def _kv(out, what):
+    y, present = _pair(out, what)
+    k, v = _pair(present, f"the cache returned by {what}")
+    return y, k, v
+
+
+@torch.no_grad()
+def check_attention(cls):
+    """Check CausalSelfAttention(n_embd, n_head).forward(x) -> (y, (k, v)) without a cache."""
+    c = _data()["attention"]
+    module = build_module(cls, c["init"], "CausalSelfAttention", c["state"])
+    x = tensor(c["x"])
+    with forbidding(NO_MHA, "CausalSelfAttention"):
+        y, k, v = _kv(call(module, x, what="CausalSelfAttention.forward(x)"), "CausalSelfAttention.forward")
+    expect_tensor(y, "the output y", shape=(2, 5, 8))
+    expect_tensor(k, "the returned keys", shape=(2, 2, 5, 4))
+    expect_tensor(v, "the returned values", shape=(2, 2, 5, 4))
+    if not close(y, tensor(c["y"])):
+        x2 = x.clone()
+        x2[:, -1] += 1.0                                  # change the last token only
+        y2 = call(module, x2, what="CausalSelfAttention.forward(x)")[0]
+        if max_error(y[:, :-1], y2[:, :-1]) > 1e-9:
+            fail("changing the last token changed the outputs at earlier positions: the attention is not "
+                 "causal. Pass is_causal=True to F.scaled_dot_product_attention (no cache)")
+        for order, expected in c["split_orders"].items():
+            if close(y, tensor(expected)):
+                fail(f"you split c_attn's output as ({', '.join(order)}); it is [q | k | v] in that order")
+        if close(y, tensor(c["y_no_transpose"])):
+            fail("you reshaped [B, T, C] straight to [B, H, T, C/H]: view it as [B, T, H, C/H] and transpose "
+                 "dims 1 and 2, so that each head gets C/H features of every token")
+        fail(f"the output differs from the expected one (max error {max_error(y, tensor(c['y'])):.3g}): "
+             "q, k, v = c_attn(x).split(C, dim=-1), heads [B, H, T, C/H], F.scaled_dot_product_attention, "
+             "heads merged back to [B, T, C], then c_proj")
+    if not (close(k, tensor(c["k"])) and close(v, tensor(c["v"]))):
+        fail("y is right but the returned (k, v) are not the keys and values of this call, split into heads "
+             "[B, H, T, C/H]")
+    y32 = call(module.float(), x.float(), what="CausalSelfAttention in float32")[0]
+    if y32.dtype != torch.float32 or not close(y32, tensor(c["y"]), atol=1e-4):
+        fail("in float32 the module should return float32 outputs matching float64 to 1e-4")
+    ok("CausalSelfAttention: fused split, heads, causal attention, output projection, returned (k, v)")
+
+
+@contextlib.contextmanager
+def _watch_sdpa(seen):
+    """Record the (q, k) shapes of every F.scaled_dot_product_attention call: tells which axis a cache grew."""
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((tuple(q.shape), tuple(k.shape)))
+        return real(q, k, v, *args, **kwargs)
+    torch.nn.functional.scaled_dot_product_attention = spy
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = real
+
+
+@torch.no_grad()
+def check_attention_cache(cls):
+    """Check CausalSelfAttention.forward(x, past_kv) with cached keys and values."""
+    c = _data()["attention"]
+    module = build_module(cls, c["init"], "CausalSelfAttention", c["state"])
+    past = (tensor(c["past_k"]), tensor(c["past_v"]))
+    x = tensor(c["x_new"])
+    seen = []
+    try:
+        with _watch_sdpa(seen), forbidding(NO_MHA, "CausalSelfAttention"):
+            out = module(x, past_kv=past)
+    except NotImplementedError:
+        fail("CausalSelfAttention.forward is not implemented yet: replace `raise NotImplementedError()`", NotDoneYet)
+    except Exception as exc:
+        if "must match except in dimension" in str(exc) or (seen and seen[-1][0][1:2] + seen[-1][0][3:]
+                                                             != seen[-1][1][1:2] + seen[-1][1][3:]):
+            fail("the cache grew along the wrong axis: past keys [B, H, T_past, C/H] and new keys [B, H, T, C/H] "
+                 f"join along dim 2 (time), torch.cat([past_k, k], dim=2) ({type(exc).__name__}: {str(exc)[:100]})")
+        fail(f"CausalSelfAttention.forward(x, past_kv) raised {type(exc).__name__}: {exc}")
+    y, k, v = _kv(out, "CausalSelfAttention.forward")
+    if not isinstance(k, torch.Tensor):
+        fail(f"the returned keys should be a tensor, got {type(k).__name__}")
+    if tuple(k.shape) == (2, 4, 2, 4) or tuple(k.shape) == (2, 2, 2, 8):
+        fail(f"the cache grew along the wrong axis: keys [B, H, T_past, C/H] = [2, 2, 3, 4] plus 2 new tokens "
+             f"should give [2, 2, 5, 4] (concatenate along dim 2, time), you returned {list(k.shape)}")
+    if tuple(k.shape) == (2, 2, 2, 4):
+        fail("return the past and the new keys and values together ([B, H, T_past + T, C/H]), not only the new ones")
+    expect_tensor(k, "the returned keys", shape=(2, 2, 5, 4))
+    expect_tensor(v, "the returned values", shape=(2, 2, 5, 4))
+    expect_tensor(y, "the output y", shape=(2, 2, 8))
+    if not (close(k, tensor(c["k_cached"])) and close(v, tensor(c["v_cached"]))):
+        fail("the returned cache should be torch.cat([past, new], dim=2): the past first, then the new tokens")
+    if not close(y, tensor(c["y_cached"])):
+        if close(y, tensor(c["y_cached_top_left"])):
+            fail("with a cache the causal mask must be shifted: new query i sits at position t_past + i and sees "
+                 "keys 0 .. t_past + i. is_causal=True aligns the mask to the top left (query 0 sees key 0 only); "
+                 "build the mask yourself when past_kv is given")
+        fail(f"with a cache the output differs from the expected one (max error {max_error(y, tensor(c['y_cached'])):.3g}): "
+             "attend over the past and the new keys, new query i seeing keys 0 .. t_past + i")
+    ok("CausalSelfAttention with a cache: keys grow along time, the mask is shifted by the past")
+
+
+@torch.no_grad()
+def check_block(cls):
+    """Check Block(n_embd, n_head).forward(x, past_kv=None) -> (x, (k, v)): pre-norm residual block."""
+    c = _data()["block"]
+    module = build_module(cls, c["init"], "Block", c["state"])
+    x = tensor(c["x"])
+    with forbidding(NO_MHA, "Block"):
+        y, k, v = _kv(call(module, x, what="Block.forward(x)"), "Block.forward")
+    expect_tensor(y, "Block output", shape=(2, 5, 8))
+    if not close(y, tensor(c["y"])):
+        if close(y, tensor(c["y_post_norm"])):
+            fail("this is a post-norm block (LayerNorm after the residual sum); GPT-2 is pre-norm: "
+                 "x = x + attn(ln_1(x)), then x = x + mlp(ln_2(x))")
+        fail(f"Block output differs (max error {max_error(y, tensor(c['y'])):.3g}): pre-norm with a residual "
+             "around each sub-layer, x = x + attn(ln_1(x))[0], then x = x + mlp(ln_2(x))")
+    past = (tensor(c["past_k"]), tensor(c["past_v"]))
+    out = call(module, tensor(c["x_new"]), past_kv=past, what="Block.forward(x, past_kv)")
+    yc, kc, _ = _kv(out, "Block.forward")
+    if not close(yc, tensor(c["y_cached"])):
+        fail("with past_kv the block's output is wrong: pass past_kv on to the attention and return its new cache")
+    expect_tensor(kc, "the cache the block returns", shape=(2, 2, 5, 4))
+    y32 = _kv(call(module.float(), x.float(), what="Block in float32"), "Block.forward")[0]
+    if y32.dtype != torch.float32 or not close(y32, tensor(c["y"]), atol=1e-4):
+        fail("in float32 the block should return float32 outputs matching float64 to 1e-4")
+    ok("Block: pre-norm residual sub-layers; the cache passes through; float32 and float64")
+
+
+def _check_parameters(cls, c):
+    """Build the learner's GPT and compare its parameters with GPT-2's names and shapes."""
+    require_callable(cls, "GPT", kind="class")
+    model = call(cls, **c["init"], what=f"GPT({', '.join(f'{k}={v}' for k, v in c['init'].items())})")
+    if not isinstance(model, torch.nn.Module):
+        fail("GPT(...) should build a torch.nn.Module")
+    mine = {name: list(p.shape) for name, p in model.state_dict().items()}
+    wanted = {name: shape for name, shape in c["parameters"]}
+    if any(n.startswith("lm_head") for n in mine):
+        fail("your model has its own head matrix (lm_head): GPT-2's head is tied to the token embedding, and "
+             "GPT's state dict holds no separate head. Declare no head; compute the logits with wte.weight "
+             "(F.linear(x, self.wte.weight))")
+    layers = {n.split(".")[1] for n in wanted if n.startswith("h.")}
+    shared = {n for n, p in model.named_parameters()}
+    if len(layers) > 1 and not any(n.startswith("h.1.") for n in shared) and any(n.startswith("h.0.") for n in shared):
+        fail("every layer shares h.0's parameters: you put the same Block object in the list n_layer times. "
+             "Build a new Block for each layer")
+    if mine != wanted:
+        missing = sorted(set(wanted) - set(mine))
+        extra = sorted(set(mine) - set(wanted))
+        wrong = sorted(n for n in set(mine) & set(wanted) if mine[n] != wanted[n])
+        parts = ([f"missing {', '.join(f'{n} {wanted[n]}' for n in missing)}"] if missing else []) + \
+                ([f"unexpected {', '.join(f'{n} {mine[n]}' for n in extra)}"] if extra else []) + \
+                ([f"wrong shape {', '.join(f'{n} is {mine[n]}, expected {wanted[n]}' for n in wrong)}"] if wrong else [])
+        fail("GPT's parameters must carry GPT-2's names and shapes: " + "; ".join(parts))
+    if getattr(model, "block_size", None) != c["init"]["block_size"]:
+        fail("store the context length as self.block_size (generation uses it)")
+
+
+@torch.no_grad()
+def check_gpt(cls):
+    """Check GPT.forward(idx) -> logits against GPT-2's (transformers), with GPT-2's weights loaded."""
+    c = _data()["gpt"]
+    _check_parameters(cls, c)
+    model = build_module(cls, c["init"], "GPT", c["state"])
+    idx = torch.tensor(c["idx"])
+    with forbidding(NO_MHA, "GPT"):
+        logits = call(model, idx, what="GPT.forward(idx)")
+    if isinstance(logits, (tuple, list)):
+        fail("with use_cache=False (the default) forward returns the logits alone, not a tuple")
+    expect_tensor(logits, "logits", shape=(2, 8, c["init"]["vocab_size"]))
+    expected = tensor(c["logits"])
+    if not close(logits, expected, atol=1e-8):
+        idx2 = idx.clone()
+        idx2[:, -1] = (idx2[:, -1] + 1) % c["init"]["vocab_size"]
+        later = call(model, idx2, what="GPT.forward(idx)")
+        if max_error(logits[:, :-1], later[:, :-1]) > 1e-9:
+            fail("changing the last token changed the logits at earlier positions: the model sees the future "
+                 "(is the attention causal?)")
+        same_token = torch.full((1, 6), 3)
+        rows = call(model, same_token, what="GPT.forward on a repeated token")[0]
+        if max_error(rows[1:], rows[:1].expand(5, -1)) < 1e-9:
+            fail("a token repeated six times gets the same logits at every position: add the position "
+                 "embeddings, x = wte(idx) + wpe(positions)")
+        if close(logits, tensor(c["logits_without_ln_f"])):
+            fail("apply the final LayerNorm ln_f before the head")
+        fail(f"the logits differ from GPT-2's (max error {max_error(logits, expected):.3g}): wte(idx) + "
+             "wpe(positions), dropout, the blocks, ln_f, then the tied head x @ wte.weight^T")
+    f32 = call(model.float(), idx, what="GPT in float32")
+    if f32.dtype != torch.float32 or not close(f32, expected, atol=1e-4):
+        fail("in float32 the logits should be float32 and match to 1e-4")
+    n = sum(p.numel() for p in model.parameters())
+    ok(f"GPT: GPT-2's parameter names, the head tied to wte ({n:,} numbers); with GPT-2's weights it gives "
+       f"GPT-2's logits (max difference {max_error(logits, expected):.1e})")
+
+
+def _greedy(model, prompt, steps, cache):
+    """Greedy tokens after ``prompt`` [1, T], with or without the model's cache."""
+    idx = prompt
+    with torch.no_grad():
+        if not cache:
+            for _ in range(steps):
+                idx = torch.cat([idx, model(idx)[:, -1].argmax(-1, keepdim=True)], dim=1)
+            return idx[0, prompt.shape[1]:].tolist()
+        logits, past = _pair(model(idx, use_cache=True), "GPT.forward(idx, use_cache=True)")
+        out = []
+        for _ in range(steps):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            out.append(int(nxt))
+            logits, past = _pair(model(nxt, past_kv=past, use_cache=True), "GPT.forward(idx, past_kv, use_cache=True)")
+        return out
+
+
+@torch.no_grad()
+def check_gpt_cache(cls):
+    """Check GPT.forward with past_kv / use_cache: same logits, and greedy generation gives the same tokens."""
+    c = _data()["gpt"]
+    model = build_module(cls, c["init"], "GPT", c["state"])
+    idx = torch.tensor(c["idx"])
+    expected = tensor(c["logits"])
+    out = call(model, idx[:, :5], use_cache=True, what="GPT.forward(idx, use_cache=True)")
+    logits, past = _pair(out, "GPT.forward(idx, use_cache=True)")
+    if not isinstance(past, (list, tuple)) or len(past) != c["init"]["n_layer"]:
+        fail(f"use_cache=True returns (logits, past_kv) with one (k, v) per layer ({c['init']['n_layer']} here)")
+    k0 = _pair(past[0], "each layer's cache")[0]
+    expect_tensor(k0, "a layer's cached keys", shape=(2, c["init"]["n_head"], 5, c["init"]["n_embd"] // c["init"]["n_head"]))
+    rest = call(model, idx[:, 5:], past_kv=past, use_cache=True, what="GPT.forward(idx, past_kv, use_cache=True)")
+    rest_logits, past2 = _pair(rest, "GPT.forward(idx, past_kv, use_cache=True)")
+    if not close(logits, expected[:, :5], atol=1e-8):
+        fail("with use_cache=True the logits must be those of use_cache=False")
+    if not close(rest_logits, expected[:, 5:], atol=1e-8):
+        fail(f"with a cache of 5 tokens, the logits of tokens 5..7 differ from a full forward's (max error "
+             f"{max_error(rest_logits, expected[:, 5:]):.3g}): the new tokens sit at positions t_past .. "
+             "t_past + T - 1, so their positions must start at t_past (past_kv[0][0].shape[2]), not 0")
+    only = call(model, idx[:, 5:], past_kv=past, what="GPT.forward(idx, past_kv)")
+    if isinstance(only, (tuple, list)):
+        fail("with use_cache=False forward returns the logits alone, even when past_kv is given")
+    for t in range(1, c["init"]["block_size"] - 1):
+        prompt = idx[:1, :t]
+        steps = c["init"]["block_size"] - t
+        plain, cached = _greedy(model, prompt, steps, False), _greedy(model, prompt, steps, True)
+        if plain != cached:
+            fail(f"greedy generation from a prompt of {t} tokens: {plain} without the cache, {cached} with it")
+    ok("KV cache: the same logits, and greedy generation gives the same tokens for every prompt length")
+
+
+def check_load_gpt2_weights(fn):
+    """Check load_gpt2_weights(model, state_dict) on GPT-2's state dict: names, transposed Conv1D weights."""
+    require_callable(fn, "load_gpt2_weights")
+    c = _data()["gpt"]
+    hf = {k: tensor(v) if not isinstance(v, bool) else v for k, v in c["hf_state"].items()}
+    target = bare_module({name: shape for name, shape in c["parameters"]}, torch.float64)
+    try:
+        fn(target, hf)
+    except NotImplementedError:
+        fail("load_gpt2_weights is not implemented yet: replace `raise NotImplementedError()` with your code", NotDoneYet)
+    except (RuntimeError, ValueError) as exc:
+        if "size" in str(exc) or "shape" in str(exc):
+            fail(f"a shape mismatch while copying ({type(exc).__name__}: {str(exc)[:120]}). GPT-2's Conv1D weights "
+                 "(names ending in c_attn.weight, c_proj.weight, c_fc.weight) are stored [in, out] and must be "
+                 "transposed; every other tensor (embeddings, LayerNorms, biases) is copied as it is")
+        fail(f"load_gpt2_weights raised {type(exc).__name__}: {exc}")
+    except KeyError as exc:
+        fail(f"load_gpt2_weights looked up a key GPT-2's state dict lacks: {exc}. GPT-2 names our parameter "
+             "`name` 'transformer.' + name")
+    wanted = c["state"]
+    for name, p in sorted(target.named_parameters()):
+        exp = tensor(wanted[name])
+        if close(p, exp):
+            continue
+        src = hf.get("transformer." + name)
+        if src is not None and src.dim() == 2 and close(p, src):
+            fail(f"{name} was copied without transposing: GPT-2's Conv1D layers (c_attn, c_proj, c_fc) store "
+                 "their weight as [in, out]; nn.Linear's is [out, in], so it must be transposed")
+        if src is not None and src.numel() == exp.numel() and close(p, src.reshape(exp.shape)):
+            fail(f"{name} was reshaped to nn.Linear's shape; it must be transposed (.t()), which reorders the numbers")
+        fail(f"{name} does not hold GPT-2's transformer.{name} (max error {max_error(p, exp):.3g}); "
+             "transpose only the Conv1D weights (names ending in c_attn.weight, c_proj.weight, c_fc.weight)")
+    target32 = bare_module({name: shape for name, shape in c["parameters"]}, torch.float32)
+    call(fn, target32, {k: v.float() for k, v in hf.items()}, what="load_gpt2_weights with a float32 state dict")
+    if any(not close(p, tensor(wanted[name]), atol=1e-6) for name, p in target32.named_parameters()):
+        fail("with a float32 model and state dict the loaded parameters differ from float64's")
+    ok("load_gpt2_weights: every parameter holds GPT-2's, Conv1D weights transposed, the tied head skipped")
+
+
+# ---- loss and sampling ---------------------------------------------------------------------------------------
+def check_lm_loss(fn):
+    """Check lm_loss(logits, idx, pad_id=None) -> scalar next-token cross-entropy, float32 and float64, gradients."""
+    require_callable(fn, "lm_loss")
+    c = _data()["loss"]
+    logits, idx = tensor(c["logits"]), torch.tensor(c["idx"])
+    for dtype in (torch.float64, torch.float32):
+        lg = logits.to(dtype).requires_grad_(True)
+        loss = call(fn, lg, idx, what=f"lm_loss(logits {str(dtype)[6:]}, idx)")
+        expect_tensor(loss, "the loss", shape=())
+        if loss.dtype != dtype:
+            fail(f"the loss should keep the logits' dtype {dtype}, got {loss.dtype}")
+        tol = 1e-9 if dtype == torch.float64 else 1e-5
+        if not close(loss, tensor(c["loss"]), atol=tol):
+            if close(loss, tensor(c["loss_unshifted"]), atol=tol):
+                fail("the loss is not shifted: the logits at position t predict token t + 1, so score "
+                     "logits[:, :-1] against idx[:, 1:]")
+            if close(loss, tensor(c["loss_backwards"]), atol=tol):
+                fail("shifted the wrong way: logits[:, :-1] (positions 0..T-2) are scored against idx[:, 1:]")
+            fail(f"lm_loss = {float(loss.detach()):.6f}, expected {c['loss']:.6f}: the mean cross-entropy of "
+                 "logits[:, t] against idx[:, t + 1]")
+        grad = torch.autograd.grad(loss, lg)[0]
+        if not close(grad, tensor(c["grad"]), atol=tol):
+            fail("the loss has the right value but the wrong gradient: compute it with differentiable torch "
+                 "operations on the logits (no .item(), no NumPy)")
+    padded = torch.tensor(c["idx_padded"])
+    loss = call(fn, logits, padded, pad_id=0, what="lm_loss(logits, idx, pad_id=0)")
+    if not close(loss, tensor(c["loss_padded"]), atol=1e-9):
+        if close(loss, tensor(c["loss_pad_counted"]), atol=1e-9):
+            fail("padding was scored: targets equal to pad_id must be ignored (F.cross_entropy's ignore_index)")
+        fail(f"with pad_id=0 the loss should be {c['loss_padded']:.6f} (the mean over non-pad targets only), "
+             f"got {float(loss.detach()):.6f}")
+    ok("lm_loss: shifted by one, padding ignored, both dtypes, gradients")
+
+
+def check_sampling(fn):
+    """Check next_token_probs(logits, temperature, top_k): temperature and top-k, float32 and float64."""
+    require_callable(fn, "next_token_probs")
+    c = _data()["sampling"]
+    logits = tensor(c["logits"])
+    for dtype in (torch.float64, torch.float32):
+        p = call(fn, logits.to(dtype), temperature=0.7, what=f"next_token_probs(logits {str(dtype)[6:]}, temperature=0.7)")
+        expect_tensor(p, "the probabilities", shape=(2, 6), dtype=dtype)
+        tol = 1e-9 if dtype == torch.float64 else 1e-6
+        if not close(p, tensor(c["t07"]), atol=tol):
+            if close(p, tensor(c["t10"]), atol=tol):
+                fail("temperature 0.7 gave the temperature-1 distribution: dividing probabilities by T and "
+                     "renormalising changes nothing. Divide the logits by T before the softmax")
+            if close(p, tensor(c["t07_times"]), atol=tol):
+                fail("you multiplied the logits by the temperature; divide them by it (T < 1 sharpens)")
+            fail(f"temperature 0.7: expected {tensor(c['t07']).tolist()}, got {p.tolist()}")
+    p = call(fn, logits, top_k=3, what="next_token_probs(logits, top_k=3)")
+    kept = (p > 0).sum(-1).tolist()
+    if kept != [3, 3]:
+        fail(f"top_k=3 should keep the 3 largest logits of each row and zero the rest; you kept {kept}")
+    if not close(p, tensor(c["k3"]), atol=1e-9):
+        fail("top_k=3: the kept tokens must be the 3 largest, renormalised (softmax over the kept logits)")
+    ties = tensor(c["ties"])
+    p = call(fn, ties, top_k=3, what="next_token_probs(tied logits, top_k=3)")
+    if not close(p, tensor(c["ties_k3"]), atol=1e-9):
+        fail(f"logits {ties.tolist()} with top_k=3: the 3rd largest is 2.0, and every token tied with it stays "
+             f"(keep logits >= the k-th largest), so 4 tokens survive; you gave {p.tolist()}")
+    p = call(fn, logits, top_k=50, what="next_token_probs(logits, top_k=50)")
+    if not close(p, tensor(c["t10"]), atol=1e-9):
+        fail("top_k larger than the vocabulary keeps every token")
+    ok("next_token_probs: temperature divides the logits; top-k keeps ties with the k-th")
+
+
+def check_top_p(fn):
+    """Check next_token_probs(logits, top_p=...): the token that crosses top_p is kept, ties by lower id."""
+    require_callable(fn, "next_token_probs")
+    probs = torch.tensor([0.125, 0.5, 0.0625, 0.25, 0.0625], dtype=torch.float64)
+    # Ranked: 0.5 (id 1), 0.25 (id 3), 0.125 (id 0), 0.0625 (ids 2, 4); the totals 0.5, 0.75, 0.875 ...
+    cases = [(0.3, [0, 1, 0, 0, 0]), (0.6, [0, 2 / 3, 0, 1 / 3, 0]), (0.8, [1 / 7, 4 / 7, 0, 2 / 7, 0])]
+    for dtype in (torch.float64, torch.float32):
+        for top_p, want in cases:
+            p = call(fn, probs.log().to(dtype), top_p=top_p, what=f"next_token_probs(log {probs.tolist()}, top_p={top_p})")
+            expect_tensor(p, "the probabilities", shape=(5,), dtype=dtype)
+            want = torch.tensor(want, dtype=torch.float64)
+            if close(p, want, atol=1e-6):
+                continue
+            kept = [i for i in range(5) if float(p[i]) > 0]
+            if abs(float(p.sum()) - 1) > 1e-5 and kept == [i for i in range(5) if want[i] > 0]:
+                fail("top-p kept the right tokens but the result does not sum to 1: renormalise")
+            if len(kept) == int((want > 0).sum()) - 1:
+                fail(f"probabilities ranked 0.5, 0.25, 0.125, ... with top_p={top_p}: keep the shortest prefix whose "
+                     "total reaches top_p, including the token that crosses it (at least one token always stays); "
+                     f"you dropped the token that crosses top_p")
+            if len(kept) == int((want > 0).sum()) + 1:
+                fail(f"top_p={top_p}: you kept one token after the one that crosses top_p")
+            fail(f"top_p={top_p} on {probs.tolist()}: expected {want.tolist()}, got {p.tolist()}")
+    ties = torch.tensor([0.2, 0.3, 0.2, 0.3], dtype=torch.float64).log()
+    p = call(fn, ties, top_p=0.25, what="next_token_probs(tied probabilities, top_p=0.25)")
+    if not close(p, torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64), atol=1e-9):
+        if close(p, torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64), atol=1e-9):
+            fail("probabilities [0.2, 0.3, 0.2, 0.3], top_p=0.25: of the two tokens tied at 0.3 the lower id (1) "
+                 "ranks first; sort with torch.sort(..., descending=True, stable=True)")
+        fail(f"probabilities [0.2, 0.3, 0.2, 0.3], top_p=0.25 should keep token 1 alone, got {p.tolist()}")
+    p = call(fn, probs.log().expand(3, 5), top_p=0.6, what="next_token_probs(logits [3, 5], top_p=0.6)")
+    expect_tensor(p, "the probabilities", shape=(3, 5))
+    ok("top-p: the token that crosses top_p stays, ties go to the lower id, the rest renormalised")
+
+
+def check_sample(fn):
+    """Check sample_next_token(probs, generator=None) -> long ids, one per row, drawn with the generator."""
+    require_callable(fn, "sample_next_token")
+    row = torch.tensor([0.5, 0.0, 0.3, 0.2], dtype=torch.float64)
+    probs = row.expand(4000, 4)
+    ids = call(fn, probs, torch.Generator().manual_seed(0), what="sample_next_token(probs, generator)")
+    expect_tensor(ids, "the sampled ids", shape=(4000,), dtype=torch.long)
+    again = call(fn, probs, torch.Generator().manual_seed(0), what="sample_next_token(probs, generator)")
+    if bool((ids == 0).all()):
+        fail("every draw is the most likely token: that is greedy decoding (argmax), not sampling")
+    if bool((ids == 1).any()):
+        fail("a token of probability 0 was drawn: probs are already probabilities (no softmax); draw from them")
+    if not same(ids, again):
+        fail("two generators with the same seed gave different draws: pass the generator to the sampler "
+             "(torch.multinomial(..., generator=generator))")
+    freq = torch.bincount(ids, minlength=4).double() / len(ids)
+    if max_error(freq, row) > 0.04:
+        fail(f"the frequencies {freq.tolist()} are far from the probabilities {row.tolist()}")
+    lead = call(fn, row.float().expand(2, 3, 4), what="sample_next_token(float32 probs [2, 3, 4])")
+    expect_tensor(lead, "ids for probs [2, 3, 4]", shape=(2, 3), dtype=torch.long)
+    if bool((lead == 1).any()):
+        fail("a token of probability 0 was drawn from float32 probabilities")
+    ok(f"sample_next_token: frequencies {[round(f, 3) for f in freq.tolist()]} for {row.tolist()}, reproducible")
+
+
+# ---- masked language modelling -----------------------------------------------------------------------------------
+def _mlm_batch():
+    """64 rows of [CLS] words [SEP] (ids 1 and 2), 8 of them padded (id 0) after position 100; [MASK] = 3."""
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(4, 500, (64, 128), generator=g)
+    tokens[:, 0], tokens[:, -1] = 1, 2
+    tokens[:8, 100:] = 0
+    return tokens, tokens < 4
+
+
+def _mlm_call(fn, tokens, special, seed):
+    out = call(fn, tokens, special, 3, 500, generator=torch.Generator().manual_seed(seed),
+               what="mlm_mask(tokens, special_mask, 3, 500, generator=...)")
+    inputs, labels = _pair(out, "mlm_mask")
+    expect_tensor(inputs, "inputs", shape=tuple(tokens.shape), dtype=torch.long)
+    expect_tensor(labels, "labels", shape=tuple(tokens.shape), dtype=torch.long)
+    return inputs, labels
+
+
+def check_mlm_properties(fn):
+    """Check mlm_mask's exact properties: labels, unchanged positions, special positions never chosen."""
+    require_callable(fn, "mlm_mask")
+    tokens, special = _mlm_batch()
+    original = tokens.clone()
+    inputs, labels = _mlm_call(fn, tokens, special, 1)
+    if not same(tokens, original):
+        fail("mlm_mask changed its tokens argument: return new tensors")
+    if same(labels, tokens):
+        fail("labels must be -100 wherever a position is not chosen (the loss ignores it); you labelled every position")
+    chosen = labels != IGNORE
+    if bool((chosen & special).any()):
+        fail("special positions ([CLS], [SEP], [PAD]) were chosen: choose only where special_mask is False")
+    if not bool(chosen.any()):
+        fail("no position was chosen: labels are -100 everywhere")
+    if not same(labels[chosen], tokens[chosen]):
+        fail("at chosen positions the label is the original token")
+    if not same(inputs[~chosen], tokens[~chosen]):
+        fail("positions that are not chosen keep their token in the inputs")
+    again = _mlm_call(fn, tokens, special, 1)
+    if not same(again[0], inputs) or not same(again[1], labels):
+        fail("the same seed should give the same masking: draw every random number with the generator")
+    ok(f"mlm_mask: labels -100 except at the {int(chosen.sum())} chosen positions, no special position chosen, "
+       "the rest unchanged, reproducible")
+
+
+def check_mlm_statistics(fn):
+    """Check mlm_mask's statistics: 15% of non-special positions chosen, 80/10/10 mask/random/unchanged."""
+    require_callable(fn, "mlm_mask")
+    tokens, special = _mlm_batch()
+    inputs, labels = _mlm_call(fn, tokens, special, 2)
+    chosen = (labels != IGNORE) & ~special
+    rate = float(chosen.sum()) / float((~special).sum())
+    if abs(rate - 0.15) > 0.02:
+        fail(f"{rate:.3f} of the non-special positions were chosen; expected about 0.15 (mlm_prob)")
+    masked = float((inputs[chosen] == 3).double().mean())
+    kept = float((inputs[chosen] == tokens[chosen]).double().mean())
+    if abs(masked - 0.8) > 0.05 or abs(kept - 0.1) > 0.04:
+        fail(f"of the chosen positions {masked:.2f} became the mask token and {kept:.2f} stayed; BERT uses 80% "
+             "mask, 10% a random token, 10% unchanged")
+    out = call(fn, tokens, special, 3, 500, mlm_prob=0.3, generator=torch.Generator().manual_seed(3),
+               what="mlm_mask(..., mlm_prob=0.3)")
+    rate30 = float(((_pair(out, "mlm_mask")[1] != IGNORE) & ~special).sum()) / float((~special).sum())
+    if abs(rate30 - 0.3) > 0.025:
+        fail(f"with mlm_prob=0.3, {rate30:.3f} of the non-special positions were chosen: use the mlm_prob argument")
+    ok(f"mlm_mask: {rate:.3f} chosen, {masked:.2f} masked / {1 - masked - kept:.2f} random / {kept:.2f} kept")

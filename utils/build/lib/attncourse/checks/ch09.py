@@ -1,0 +1,308 @@
+"""Visible checks for chapter 09: the pieces of a real training run."""
+import math
+
+import torch
+
+from ..lab.ranks import run_ranks
+from ._core import NotDoneYet, call, close, fail, forbidding, load_cases, max_error, ok, require_callable, same, tensor
+
+CLIP_BUILTINS = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_",
+                 "torch.nn.utils.get_total_norm", "torch.nn.utils.clip_grad.get_total_norm",
+                 "torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grad.clip_grad_norm",
+                 "torch.nn.utils.clip_grads_with_norm_", "torch.nn.utils.clip_grad.clip_grads_with_norm_")
+
+
+def _data():
+    return load_cases("ch09")
+
+
+def _number(x, what):
+    if isinstance(x, torch.Tensor):
+        fail(f"{what} should return a Python number, got a tensor (use float(...) or .item())")
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        fail(f"{what} should return a number, got {type(x).__name__}")
+    return float(x)
+
+
+def _same_float(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-300)
+
+
+def _schedule(fn, steps):
+    c = _data()["lr"]
+    s = c["schedule"]
+    return [_number(call(fn, step, s["max_lr"], s["min_lr"], s["warmup"], s["max_steps"],
+                         what=f"lr_at({step}, max_lr={s['max_lr']}, min_lr={s['min_lr']}, warmup_steps={s['warmup']}, "
+                              f"max_steps={s['max_steps']})"), "lr_at") for step in steps]
+
+
+def _matches(got, stored, idx):
+    return all(stored[i] is not None and _same_float(got[k], stored[i]) for k, i in enumerate(idx))
+
+
+def check_lr_warmup(fn):
+    """Check lr_at during the warmup: step s (0-based) gets max_lr * (s + 1) / warmup_steps."""
+    require_callable(fn, "lr_at")
+    c = _data()["lr"]
+    s = c["schedule"]
+    idx = list(range(s["warmup"]))
+    got = _schedule(fn, [c["steps"][i] for i in idx])
+    if _matches(got, c["lr"], idx):
+        ok(f"warmup: {got[0]:.1e} at step 0, climbing by equal steps to max_lr at step {s['warmup'] - 1}")
+        return
+    if _matches(got, c["mistakes"]["off_by_one"], idx):
+        fail("warmup off by one: your step 0 gets learning rate 0 (a wasted step) and max_lr only arrives at "
+             "step warmup_steps. Step s should get max_lr * (s + 1) / warmup_steps")
+    if all(_same_float(g, s["max_lr"]) for g in got):
+        fail("there is no warmup: the warmup steps already run at max_lr; they should climb linearly from "
+             "max_lr / warmup_steps")
+    bad = next(k for k in idx if not _same_float(got[k], c["lr"][k]))
+    fail(f"lr_at({bad}, ...) during the warmup should be {c['lr'][bad]:.6g}, got {got[bad]:.6g}")
+
+
+def check_lr_cosine(fn):
+    """Check lr_at after the warmup: half a cosine from max_lr to min_lr at max_steps, then min_lr."""
+    require_callable(fn, "lr_at")
+    c = _data()["lr"]
+    s = c["schedule"]
+    idx = list(range(s["warmup"], len(c["steps"])))
+    got = _schedule(fn, [c["steps"][i] for i in idx])
+    if _matches(got, c["lr"], idx):
+        ok(f"cosine: max_lr at step {s['warmup']}, min_lr = {s['min_lr']:g} at step {s['max_steps']} and after")
+        return
+    at = dict(zip(idx, got))
+    end, after = at[s["max_steps"]], at[len(c["steps"]) - 1]
+    decay = list(range(s["warmup"], s["max_steps"]))            # the mistakes differ from each other here
+    got_decay = [at[i] for i in decay]
+    if _matches(got_decay, c["mistakes"]["to_zero"], decay):
+        fail(f"your cosine decays to 0 and ignores the floor min_lr = {s['min_lr']:g}: it should end at min_lr, "
+             "lr = min_lr + 0.5 * (1 + cos(pi * progress)) * (max_lr - min_lr)")
+    if _matches(got_decay, c["mistakes"]["over_max_steps"], decay):
+        fail(f"your cosine does not reach the floor: just before max_steps it is still at "
+             f"{at[s['max_steps'] - 1]:.3g} (should be ~min_lr) and then drops; the decay's progress must run "
+             "from 0 at warmup_steps to 1 at max_steps: (step - warmup_steps) / (max_steps - warmup_steps)")
+    if _matches(got_decay, c["mistakes"]["no_warmup_offset"], decay):
+        fail(f"at step {s['warmup']} (the end of the warmup) your rate is {at[s['warmup']]:.3g}, not max_lr: the "
+             "cosine must start at warmup_steps, progress = (step - warmup_steps) / (max_steps - warmup_steps)")
+    if _matches(got, c["mistakes"]["keeps_going"], idx) or after > end * (1 + 1e-9) + 1e-15:
+        fail("after max_steps your learning rate climbs back up (the cosine goes on): from max_steps on it "
+             "must stay at min_lr")
+    if not _same_float(end, s["min_lr"]) and end > s["min_lr"]:
+        fail(f"your cosine does not reach the floor: at max_steps it is {end:.3g}, it should be min_lr = "
+             f"{s['min_lr']:g}")
+    bad = next(i for i in idx if not _same_float(at[i], c["lr"][i]))
+    fail(f"lr_at({c['steps'][bad]}, ...) should be {c['lr'][bad]:.6g}, got {at[bad]:.6g}")
+
+
+def check_micro_batch_loss(fn):
+    """Check micro_batch_loss(logits, targets, accum_steps), then that accumulation gives the big batch's gradient."""
+    require_callable(fn, "micro_batch_loss")
+    c = _data()["accum"]
+    targets = torch.tensor(c["targets"])
+    k = c["accum_steps"]
+    for dtype in (torch.float64, torch.float32):
+        logits = tensor(c["logits"], dtype)
+        out = call(fn, logits, targets, k, what=f"micro_batch_loss(logits [3, 5, 7] {dtype}, targets, {k})")
+        if not isinstance(out, torch.Tensor) or out.dim() != 0:
+            fail(f"micro_batch_loss should return a 0-dim tensor (a loss to call .backward() on), got "
+                 f"{type(out).__name__}{' of shape ' + str(list(out.shape)) if isinstance(out, torch.Tensor) else ''}")
+        if out.dtype != dtype:
+            fail(f"logits are {dtype} but your loss is {out.dtype}: keep the logits' dtype")
+        tol = 1e-9 if dtype == torch.float64 else 1e-5
+        v = float(out)
+        if _same_float(v, c["mean_loss"], tol):
+            fail(f"your loss is the plain mean cross-entropy, not divided by accum_steps = {k}: the gradients of "
+                 f"{k} accumulated micro-batches would add up to {k} times the large batch's")
+        if _same_float(v, c["mean_loss"] * k, tol):
+            fail(f"you multiplied the loss by accum_steps; divide it by accum_steps = {k}")
+        if _same_float(v, c["sum_loss"] / k, tol) or _same_float(v, c["sum_loss"], tol):
+            fail("your loss sums the token losses; take the mean over all B * T positions (then divide by accum_steps)")
+        if not _same_float(v, c["loss"], tol):
+            fail(f"micro_batch_loss gives {v:.6g}, expected {c['loss']:.6g} (mean cross-entropy over the B * T "
+                 "positions, divided by accum_steps)")
+    ok("value: mean next-token cross-entropy / accum_steps, in float32 and float64")
+
+    # The point of the scaling: k micro-batches accumulated = one large batch, gradient for gradient.
+    g = torch.Generator().manual_seed(0)
+    model = torch.nn.Linear(4, 7, dtype=torch.float64)
+    x = torch.randn(8, 3, 4, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 7, (8, 3), generator=g)
+    big = torch.nn.functional.cross_entropy(model(x).reshape(-1, 7), y.reshape(-1))
+    want = torch.autograd.grad(big, model.weight)[0]
+    for micro in range(4):
+        part = slice(2 * micro, 2 * micro + 2)
+        call(fn, model(x[part]), y[part], 4, what="micro_batch_loss on a micro-batch").backward()
+    if not close(model.weight.grad, want, atol=1e-10):
+        ratio = float((model.weight.grad * want).sum() / (want * want).sum())
+        fail(f"4 accumulated micro-batches give {ratio:.3g} times the gradient of the whole batch; they should give "
+             "exactly the same gradient")
+    ok("4 accumulated micro-batches of 2 rows give exactly the gradient of one batch of 8")
+
+
+def _norm_check(out, grads, what):
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        fail(f"{what} should return a pair (total_norm, clipped_grads), got {type(out).__name__}")
+    norm, clipped = out
+    if not isinstance(norm, torch.Tensor) or norm.dim() != 0:
+        fail(f"total_norm should be a 0-dim tensor, got {type(norm).__name__}"
+             f"{' of shape ' + str(list(norm.shape)) if isinstance(norm, torch.Tensor) else ''}")
+    if not isinstance(clipped, (list, tuple)) or len(clipped) != len(grads):
+        fail(f"clipped_grads should be a list of {len(grads)} tensors (one per gradient, same order)")
+    for i, (cl, g) in enumerate(zip(clipped, grads)):
+        if not isinstance(cl, torch.Tensor) or cl.shape != g.shape or cl.dtype != g.dtype:
+            fail(f"clipped gradient {i} should be a {g.dtype} tensor of shape {list(g.shape)}, got "
+                 f"{cl.dtype if isinstance(cl, torch.Tensor) else type(cl).__name__}"
+                 f"{' ' + str(list(cl.shape)) if isinstance(cl, torch.Tensor) else ''}")
+    return norm, clipped
+
+
+def check_clip_grad_norm(fn):
+    """Check clip_grad_norm(grads, max_norm) -> (total_norm, clipped) against stored cases, without the built-in."""
+    require_callable(fn, "clip_grad_norm")
+    c = _data()["clip"]
+    for dtype in (torch.float64, torch.float32):
+        for case in c["cases"]:
+            grads = [tensor(t, dtype) for t in c["grads"]]
+            kept = [t.clone() for t in grads]
+            with forbidding(CLIP_BUILTINS, "clip_grad_norm"):
+                out = call(fn, grads, case["max_norm"], what=f"clip_grad_norm(grads, max_norm={case['max_norm']})")
+            norm, clipped = _norm_check(out, grads, "clip_grad_norm")
+            atol = 1e-9 if dtype == torch.float64 else 1e-5
+            if abs(float(norm) - case["norm"]) > atol * 10:
+                if close(norm, sum(t.norm() for t in kept), atol * 10):
+                    fail("your total norm adds up the gradients' norms; the global norm is the norm of all entries "
+                         "together: sqrt(sum of every gradient's squared norm)")
+                fail(f"total_norm should be {case['norm']:.6g} (the L2 norm of all entries of all gradients, before "
+                     f"clipping), got {float(norm):.6g}")
+            if all(close(a, tensor(b), atol) for a, b in zip(clipped, case["clipped"])):
+                continue
+            if all(close(a, tensor(b), atol) for a, b in zip(clipped, case["per_param"])):
+                fail("you clipped each gradient to max_norm on its own. Clipping is global: one factor "
+                     "max_norm / (total_norm + 1e-6) for all gradients, which keeps the update's direction")
+            if case["max_norm"] > case["norm"]:
+                fail(f"with max_norm = {case['max_norm']:g} above the total norm {case['norm']:.4g} the gradients must "
+                     "come back unchanged (never scale them up)")
+            if all(close(a, tensor(b), atol) for a, b in zip(clipped, case["no_eps"])):
+                fail("close: the factor is max_norm / (total_norm + 1e-6), as torch.nn.utils.clip_grad_norm_ has it")
+            fail(f"clipped gradients differ from the expected ones (max error "
+                 f"{max(max_error(a, tensor(b)) for a, b in zip(clipped, case['clipped'])):.3g})")
+    tiny = c["tiny"]
+    grads = [tensor(t) for t in tiny["grads"]]
+    with forbidding(CLIP_BUILTINS, "clip_grad_norm"):
+        _, clipped = _norm_check(call(fn, grads, tiny["max_norm"], what="clip_grad_norm on tiny gradients"), grads,
+                                 "clip_grad_norm")
+    factor = float(clipped[0][0, 0] / grads[0][0, 0])
+    if not _same_float(factor, tiny["factor"], 1e-6):
+        fail("on tiny gradients your factor is off: it is max_norm / (total_norm + 1e-6), with the 1e-6 that "
+             "torch.nn.utils.clip_grad_norm_ adds")
+    ok("global norm over all gradients, one clipping factor, unchanged below max_norm, float32 and float64")
+
+
+def check_flops_per_token(fn):
+    """Check flops_per_token(n_params, n_embedding, n_layer, n_embd, seq_len) on GPT-2 small."""
+    require_callable(fn, "flops_per_token")
+    c = _data()["flops"]
+    got = _number(call(fn, **c["gpt2"], what="flops_per_token(GPT-2 small)"), "flops_per_token")
+    if _same_float(got, c["expected"]):
+        ok(f"GPT-2 small (124M, context 1024): {got / 1e6:.1f} MFLOPs per token")
+        return
+    if _same_float(got, c["with_embedding"]):
+        fail("you counted the lookup tables as compute (6N with N = all parameters). A table lookup does no "
+             "multiplications: N = n_params - n_embedding")
+    if _same_float(got, c["no_attention"]):
+        fail("you left out the attention term 12 * n_layer * n_embd * seq_len (scores and weighted sum over the "
+             "context, forward and backward)")
+    if _same_float(got, c["forward_only"]):
+        fail("you counted the forward pass only (2N + 4 L d T); training also runs the backward pass, twice the "
+             "forward: 6N + 12 L d T")
+    fail(f"flops_per_token(GPT-2 small) should be {c['expected']:,}, got {got:,.0f}")
+
+
+def check_mfu(fn):
+    """Check mfu(flops_per_token, tokens_per_second, peak_flops, n_devices=1) -> fraction of the peak."""
+    require_callable(fn, "mfu")
+    c = _data()["mfu"]
+    got = _number(call(fn, *c["args"], what="mfu(8.5e8, 4.0e5, 312e12, 8)"), "mfu")
+    if _same_float(got, c["expected"]):
+        one = _number(call(fn, *c["args"][:3], what="mfu(8.5e8, 4.0e5, 312e12)"), "mfu")
+        if not _same_float(one, c["one_device"]):
+            fail("n_devices should default to 1")
+        ok(f"8 GPUs at 400k tokens/s on an 850 MFLOP-per-token model: MFU {got:.1%}")
+        return
+    if _same_float(got, 100 * c["expected"]):
+        fail("return a fraction (0.136), not a percentage (13.6)")
+    if _same_float(got, c["one_device"]):
+        fail("tokens_per_second counts all devices' tokens: divide by the peak of all n_devices together")
+    fail(f"mfu(...) should be {c['expected']:.4g}, got {got:.4g}")
+
+
+def check_shard_indices(fn):
+    """Check shard_indices(n, rank, world_size): contiguous equal blocks in rank order; ValueError if uneven."""
+    require_callable(fn, "shard_indices")
+    c = _data()["shard"]
+    n, w = c["n"], c["world_size"]
+    got = [call(fn, n, r, w, what=f"shard_indices({n}, {r}, {w})") for r in range(w)]
+    for r, idx in enumerate(got):
+        if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long or idx.dim() != 1:
+            fail(f"shard_indices should return a 1-D long tensor, got {idx!r}")
+    if all(same(a, got[0]) for a in got):
+        fail(f"every rank gets the same rows {got[0].tolist()}: the processes would all train on the same data. "
+             "Use the rank: rank r takes the r-th block")
+    joined = torch.cat(got)
+    if len(joined) != n or len(set(joined.tolist())) != n:
+        fail(f"the shards of the {w} ranks should cover the {n} rows exactly once; they are {[g.tolist() for g in got]}")
+    if not all(same(a, torch.tensor(b)) for a, b in zip(got, c["shards"])):
+        fail(f"each rank should get a contiguous block, in rank order ({[b for b in c['shards']]}); "
+             f"you gave {[g.tolist() for g in got]}")
+    try:
+        fn(10, 0, 3)
+    except ValueError:
+        pass
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        fail(f"shard_indices(10, 0, 3) should raise ValueError (10 rows do not split over 3 ranks), "
+             f"it raised {type(exc).__name__}")
+    else:
+        fail("shard_indices(10, 0, 3) should raise ValueError: 10 rows do not split evenly over 3 ranks")
+    ok(f"{n} rows over {w} ranks: {[g.tolist() for g in got]}; uneven splits raise ValueError")
+
+
+def check_all_reduce_mean(fn):
+    """Check all_reduce_mean(loss_sum, count) on 2 ranks with different token counts, and on one process."""
+    require_callable(fn, "all_reduce_mean")
+    for dtype in (torch.float64, torch.float32):
+        # rank 0 scored 3 tokens (mean 2.0), rank 1 scored 1 token (mean 6.0): overall 12 / 4 = 3.0
+        ranks = [(torch.tensor(6.0, dtype=dtype), torch.tensor(3.0, dtype=dtype)),
+                 (torch.tensor(6.0, dtype=dtype), torch.tensor(1.0, dtype=dtype))]
+        try:
+            outs = run_ranks(fn, ranks)
+        except NotImplementedError:
+            fail("all_reduce_mean is not implemented yet: replace `raise NotImplementedError()` with your code", NotDoneYet)
+        except TimeoutError as exc:
+            fail(f"all_reduce_mean hangs on 2 ranks: {exc}")
+        except Exception as exc:
+            fail(f"all_reduce_mean on 2 ranks raised {type(exc).__name__}: {exc}")
+        for r, out in enumerate(outs):
+            if not isinstance(out, torch.Tensor) or out.dim() != 0 or out.dtype != dtype:
+                fail(f"rank {r} returned {out!r}; expected a 0-dim {dtype} tensor")
+        values = [float(o) for o in outs]
+        if values == [2.0, 6.0]:
+            fail("each rank returned its own mean: all-reduce the sum and the count across ranks "
+                 "(torch.distributed.all_reduce with ReduceOp.SUM) before dividing")
+        if all(math.isclose(v, 4.0) for v in values):
+            fail("you averaged the ranks' means (4.0); rank 0 scored 3 tokens and rank 1 one, so the mean over all "
+                 "tokens is 12 / 4 = 3.0: all-reduce the sums and the counts, then divide")
+        if all(math.isclose(v, 8.0) for v in values):
+            fail("you summed the ranks' means; all-reduce the sums and the counts, then divide")
+        if not all(math.isclose(v, 3.0, rel_tol=1e-6) for v in values):
+            fail(f"on 2 ranks (sums 6 and 6, counts 3 and 1) every rank should return 3.0, got {values}")
+    try:
+        single = fn(torch.tensor(7.5, dtype=torch.float64), torch.tensor(3.0, dtype=torch.float64))
+    except Exception as exc:
+        fail(f"in a single process (torch.distributed not initialised) all_reduce_mean raised {type(exc).__name__}: "
+             f"{exc}. Without a process group this process is the only one: check "
+             "torch.distributed.is_initialized() before all-reducing")
+    if not isinstance(single, torch.Tensor) or not math.isclose(float(single), 2.5):
+        fail(f"in a single process (no process group) all_reduce_mean(7.5, 3.0) should return 2.5, got {single!r}")
+    ok("2 ranks with 3 and 1 tokens: 3.0 on both; one process without a group: the plain mean")

@@ -1,0 +1,70 @@
+"""Chapter 09's GPU training lab: a generic training program that runs the learner's own code.
+
+- ``attncourse.lab.train``: the program (``python -m attncourse.lab.train``, or under torchrun).
+- ``attncourse.lab.export(path, ...)``: write the notebook's exercise cells and model to a module.
+- ``attncourse.lab.FallbackGPT``: a GPT made of PyTorch's own layers, for running the lab
+  without your chapter 06 model.
+- ``attncourse.lab.data``: Shakespeare tokenised once to memory-mapped files.
+- ``attncourse.lab.hardware``: peak FLOP/s per GPU (for MFU).
+- ``attncourse.lab.compare``: the CPU mode against the classic minimal-GPT recipe, side by side.
+- ``attncourse.lab.ranks``: run a function on several ranks of a gloo process group, from one call.
+
+Nothing here is a graded exercise: the training program imports those from your module.
+
+Importing this package before torch makes idle CPU threads sleep instead of spin
+(OMP_WAIT_POLICY=PASSIVE, unless already set).  On a busy machine (a shared JupyterHub, a CI
+runner) spinning threads fight the other processes for the cores: measured on a loaded 2-core
+machine, a training step of the minimal GPT ran 0.2 times a second with spinning threads and
+4 to 8 times with sleeping ones.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # before torch (imported just below) starts threads
+
+from .fallback import FallbackGPT  # noqa: E402
+from .learner import LabError, export  # noqa: E402
+
+__all__ = ["FallbackGPT", "LabError", "export", "workdir", "run", "torchrun"]
+
+
+def workdir(path=None):
+    """The folder where the notebook writes mylab.py and training runs write their output.
+
+    ``path``, else $ATTNCOURSE_LAB_DIR, else a new folder of its own in the system's temporary
+    directory (the chapter's own folder stays clean: nbgrader hands out every file in it).  Of its
+    own: two notebooks running at once (two learners on one hub, the site build beside a test)
+    sharing one folder would overwrite each other's mylab.py and interleave their logs.
+    """
+    chosen = path or os.environ.get("ATTNCOURSE_LAB_DIR")
+    if not chosen:
+        return Path(tempfile.mkdtemp(prefix="attncourse-lab-"))
+    folder = Path(chosen)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def run(args, cwd, timeout=None, env=None):
+    """Run a command (a list) in ``cwd``, printing its output as it comes; returns the exit status.
+
+    The notebook uses it for the training commands, so what you see is what a terminal would
+    show (minus the progress bar, which needs a terminal).  ``env``: extra environment variables.
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    proc = subprocess.Popen([str(a) for a in args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    try:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def torchrun():
+    """The torchrun launcher of the running Python environment."""
+    return str(Path(sys.executable).with_name("torchrun"))

@@ -1,0 +1,55 @@
+"""Measuring what a computation really allocates on the CPU.
+
+``peak_memory(fn, *args)`` runs ``fn`` once under ``torch.profiler`` with ``profile_memory=True``.
+The profiler records every allocation and every free made by PyTorch's CPU allocator, with a
+timestamp and a size; adding them up in time order gives the memory held at each instant, and
+the largest value is the peak.  Only memory allocated *during* the call counts (the inputs
+already exist), and it includes temporaries that the Python code never sees (the scores inside
+``q @ k.T``, the buffers of ``softmax``).  ``torch.cuda.max_memory_allocated`` does the same on
+a GPU; the operating system's resident-set size is too coarse and never goes back down.
+"""
+import contextlib
+import os
+import time
+
+from torch.profiler import ProfilerActivity, profile
+
+
+@contextlib.contextmanager
+def _quiet_fd2():
+    """The profiler's C++ side logs to file descriptor 2; keep that out of notebook cells."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def peak_memory(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)``; return (its result, peak bytes allocated during the call)."""
+    with _quiet_fd2(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn(*args, **kwargs)
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    held = peak = 0
+    for _, nbytes in events:          # positive: allocation, negative: free
+        held += nbytes
+        peak = max(peak, held)
+    return result, peak
+
+
+def wall_time(fn, *args, repeat=3, **kwargs):
+    """Best of ``repeat`` wall-clock times of ``fn(*args, **kwargs)``, in seconds (no profiler)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn(*args, **kwargs)
+        best = min(best, time.perf_counter() - t)
+    return best
