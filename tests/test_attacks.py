@@ -190,6 +190,18 @@ for i in range(200):                                  # up to 3.2 GiB: stopped a
 }
 
 
+# Asking the grading server first, with guesses, to read its verdicts and answer with the best one:
+# the server answers each hidden test once per kernel, so the test cell's own request is refused and
+# the first (failed) verdict stands, even though the cell ends by defining the right function.
+ATTACKS["oracle-probe"] = """from attncourse import autograde
+for guess in (0.0, 0.5, 1.0):
+    try:
+        autograde.run_hidden_test("ch02.equivariance_gap", lambda layer, x, perm, g=guess: g)
+    except Exception:
+        pass
+""" + "REFERENCE_BODY"
+
+
 def _reference_body():
     instructor = nbtools.read(nbtools.chapter_notebook(CH))
     return nbtools.fill_regions(fakeclass.cell_source(instructor, TARGET),
@@ -210,6 +222,13 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     return out, weights
 """
 EXPECTED["forbidden-builtin"] = {**ALL, "test_sdpa_unmasked": 0, "test_sdpa_masked": 0}
+# The same kernel reached through ATen's own name for its math path: forbidden as well.
+ATEN_SDPA = FORBIDDEN_SDPA.replace(
+    "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
+    "torch.ops.aten._scaled_dot_product_attention_math(q, k, v, attn_mask=None if mask is None else "
+    "torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float('-inf')))[0]")
+assert ATEN_SDPA != FORBIDDEN_SDPA
+EXPECTED["aten-sdpa"] = {**ALL, "test_sdpa_unmasked": 0, "test_sdpa_masked": 0}
 
 
 def _digest(paths):
@@ -283,6 +302,7 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
                  .replace("HOST_ADDRESSES", repr(host_addresses())) for n, src in ATTACKS.items()}
     overrides = {n: {TARGET: src} for n, src in overrides.items()}
     overrides["forbidden-builtin"] = {"sdpa": FORBIDDEN_SDPA}
+    overrides["aten-sdpa"] = {"sdpa": ATEN_SDPA}
     for student, override in overrides.items():
         nbtools.write(nbtools.solve(instructor, release, override), root / "submitted" / student / CH / name)
     # One more: deletes its own test cell and re-labels another as an ordinary cell.
@@ -326,6 +346,7 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     for forger in ("forge-modules", "forge-gc", "forge-thread", "forge-ctypes"):
         assert "no verdict recorded" in lines[forger] or "failed verdict" in lines[forger], lines[forger]
     assert "which ch02.sdpa_unmasked forbids" in lines["forbidden-builtin"], lines["forbidden-builtin"]
+    assert "ch02.equivariance_gap asked twice: the first verdict stands" in lines["oracle-probe"], lines["oracle-probe"]
     for killer in ("fork-loop", "disk-filler"):
         assert f"graded after disabling {TARGET}" in lines[killer], lines[killer]
     # No kernel or forked child outlives the class run.

@@ -112,3 +112,45 @@ def test_warnings_from_the_submission_stay_off_stderr(capfd):
 
     assert autograde.run_hidden_test("ch02.causal_mask", noisy)["failures"] == []
     assert capfd.readouterr().err == ""
+
+
+# ---- "from scratch" is judged by the operators that run, whatever their spelling (issue 20) --------
+def _aten_spellings():
+    import torch
+    from attncourse_ref import moe, transformer
+
+    class LayerNormViaATen(transformer.LayerNorm):
+        def forward(self, x):
+            return torch.ops.aten.native_layer_norm(x, [x.shape[-1]], self.weight, self.bias, self.eps)[0]
+
+    class RMSNormViaATen(moe.RMSNorm):
+        def forward(self, x):
+            return torch.ops.aten.rms_norm(x, [x.shape[-1]], self.weight, self.eps)
+
+    def math_kernel(q, k, v, mask=None):
+        if mask is None:
+            out, w = torch.ops.aten._scaled_dot_product_attention_math(q, k, v)
+        else:
+            out, w = torch.ops.aten._scaled_dot_product_attention_math(q, k, v, attn_mask=mask)
+        return out, w
+
+    return [
+        ("ch00.softmax", lambda x, dim=-1, temperature=1.0: torch.ops.aten._softmax(x / temperature, dim, False)),
+        ("ch00.softmax", lambda x, dim=-1, temperature=1.0: torch.nn.functional.softmin(-x / temperature, dim)),
+        ("ch00.softmax_temperature", lambda x, dim=-1, temperature=1.0: torch.log_softmax(x / temperature, dim).exp()),
+        ("ch00.cosine_similarity", lambda a, b, dim=-1, eps=1e-8: torch.ops.aten.cosine_similarity(a, b, dim, eps)),
+        ("ch02.sdpa_unmasked", math_kernel),
+        ("ch03.tiled_attention", lambda q, k, v, block_size, causal=False:
+            torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=causal)[0]),
+        ("ch05.layer_norm", LayerNormViaATen),
+        ("ch08.rms_norm", RMSNormViaATen),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_a_forbidden_operator_fails_whatever_its_spelling(case):
+    from attncourse.autograde import run_hidden_test
+    test_id, candidate = _aten_spellings()[case]
+    verdict = run_hidden_test(test_id, candidate)
+    assert verdict["failures"] and any("must be written from scratch: it may not call" in f for f in verdict["failures"]), \
+        verdict["failures"][:2]

@@ -129,18 +129,21 @@ def hidden_ids(source_nb):
 
 
 def read_record(root, chapter, student):
-    """(sandbox facts or None, {hidden test id: passed}, {hidden test id: forbidden built-ins}) from the
-    server's record; the last verdict of a test wins."""
+    """(sandbox facts or None, {hidden test id: passed}, {hidden test id: forbidden built-ins},
+    [hidden test ids asked again]) from the server's record of the student's (last) kernel.  The server
+    answers each test once per kernel, so a test has one verdict: the first."""
     path = Path(root) / "verdicts" / chapter / f"{student}.jsonl"
-    facts, verdicts, forbid = None, {}, {}
+    facts, verdicts, forbid, refused = None, {}, {}, []
     if path.exists():
         for line in path.read_text().splitlines():
             entry = json.loads(line)
             if "sandbox" in entry:
                 facts, forbid = entry["sandbox"], entry.get("forbid", {})
-            else:
-                verdicts[entry["test"]] = bool(entry["passed"])
-    return facts, verdicts, forbid
+            elif "refused" in entry:
+                refused.append(entry["refused"])
+            elif "test" in entry:
+                verdicts.setdefault(entry["test"], bool(entry["passed"]))
+    return facts, verdicts, forbid, refused
 
 
 def forbidden_uses(submission, release_nb, paths):
@@ -151,7 +154,7 @@ def forbidden_uses(submission, release_nb, paths):
     if not paths:
         return []
     given = {c.source for c in release_nb.cells if c.cell_type == "code" and not nbtools.is_solution(c)}
-    finals = {p.rsplit(".", 1)[-1] for p in paths}
+    finals = {_final(p) for p in paths}
     found = []
     for cell in submission.cells:
         if cell.cell_type != "code" or nbtools.is_test(cell) or (cell.source in given and not nbtools.is_solution(cell)):
@@ -170,15 +173,20 @@ def forbidden_uses(submission, release_nb, paths):
                 names.add(node.value)                 # getattr(F, "layer_norm")
         if tree is None:
             names = set(re.findall(r"\w+", cell.source))
-        found += sorted(p for p in paths if p.rsplit(".", 1)[-1] in names)
+        found += sorted(p for p in paths if _final(p) in names)
     return found
+
+
+def _final(path):
+    """The name code would use: layer_norm for torch.nn.functional.layer_norm, _softmax for aten::_softmax."""
+    return path.split("::")[-1].rsplit(".", 1)[-1]
 
 
 def reconcile(chapter, root, student, source_nb, release_nb):
     """Make the gradebook agree with the server's record; return [(cell, why)] for every change."""
     from nbgrader.api import Gradebook, MissingEntry
     name = nbtools.chapter_notebook(chapter).stem
-    facts, verdicts, forbid = read_record(root, chapter, student)
+    facts, verdicts, forbid, refused = read_record(root, chapter, student)
     sub_path = Path(root) / "submitted" / student / chapter / f"{name}.ipynb"
     submission = nbtools.read(sub_path)
     changes = []
@@ -190,6 +198,8 @@ def reconcile(chapter, root, student, source_nb, release_nb):
                 continue
             uses = forbidden_uses(submission, release_nb, forbid.get(test_id, ()))
             why = None
+            if test_id in refused:
+                changes.append((cell, f"{test_id} asked twice: the first verdict stands"))
             if uses:
                 why = f"the submission calls {', '.join(sorted(set(uses)))}, which {test_id} forbids"
             elif not verdicts.get(test_id, False):

@@ -142,7 +142,7 @@ def memory_elements(n, d, h, bytes_per_element=4):
 
 
 # ---- tiled_attention ----------------------------------------------------------------------------------
-@_add("tiled attention that builds the full score matrix", "tiled_attention", {"test_tiled_attention"},
+@_add("tiled attention that builds the full score matrix", "tiled_attention", TILED,
       "check_tiled_attention", "full N x N score matrix")
 def tiled_full_matrix(q, k, v, block_size, causal=False):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])

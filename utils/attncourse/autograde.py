@@ -220,7 +220,7 @@ def run_hidden_test(test_id, candidate, watch=None):
     _wire.send(server.wfile, {"test": test_id})
     meta, arrays = _wire.recv(server.rfile)
     if "error" in meta:
-        raise RuntimeError(meta["error"])
+        raise RuntimeError(translate(meta["error"]))
     forbid = meta.get("forbid", [])
     results, outputs = [], {}
     for i, call in enumerate(meta["cases"]):

@@ -86,6 +86,22 @@ def _judge(test_id, cases, answer, got, peaks):
     return failures
 
 
+def _first_request(record, test_id):
+    """Whether this kernel asks for ``test_id`` for the first time; notes the request in its record
+    either way.  The server answers each hidden test once per kernel: a kernel that could ask again
+    would learn from each verdict and converge on the reference's outputs by guessing."""
+    import fcntl
+    fcntl.flock(record.fileno(), fcntl.LOCK_EX)    # the kernel's connections are served by parallel children
+    try:
+        with open(record.name) as f:
+            asked = any(json.loads(line).get("asked") == test_id for line in f if line.strip())
+        record.write(json.dumps({"asked": test_id} if not asked else {"refused": test_id}) + "\n")
+        record.flush()
+        return not asked
+    finally:
+        fcntl.flock(record.fileno(), fcntl.LOCK_UN)
+
+
 def session(rfile, wfile, peer_pid=None, record=None):
     """Serve one kernel until it hangs up.  ``record``: a file object each verdict is appended to."""
     import numpy as np
@@ -100,6 +116,10 @@ def session(rfile, wfile, peer_pid=None, record=None):
             chapter = str(test_id).split(".", 1)[0]
             why = f"; its chapter failed to load: {BROKEN[chapter]}" if chapter in BROKEN else ""
             _wire.send(wfile, {"error": f"unknown hidden test {test_id!r}{why}"})
+            continue
+        if record is not None and not _first_request(record, test_id):
+            _wire.send(wfile, {"error": f"hidden test {test_id} was already asked in this kernel: only its first "
+                                        "verdict counts"})
             continue
         seed = seed_for(test_id)
         torch.manual_seed(seed)

@@ -157,20 +157,23 @@ def _tiled_cases(rng, causal):
 FULL_MATRIX_N, PEAK_LIMIT = 4096, 16 << 20
 
 
+def _memory_bound_case(rng, causal):
+    q, k, v = (_tensor(rng, (FULL_MATRIX_N, 32), torch.float32) for _ in range(3))
+    case = function_case(ref.tiled_attention, [q, k, v, 256], {"causal": True} if causal else {},
+                         describe=f"(N = {FULL_MATRIX_N}, d = 32, block_size = 256{', causal' if causal else ''}: "
+                                  f"the full score matrix would take {FULL_MATRIX_N ** 2 * 4 >> 20} MiB)")
+    case.call["peak_bytes"] = PEAK_LIMIT
+    return case
+
+
 @hidden_test("ch03.tiled_attention", forbid=TILED_BUILTINS)
 def tiled_attention(rng):
-    cases = _tiled_cases(rng, causal=False)
-    q, k, v = (_tensor(rng, (FULL_MATRIX_N, 32), torch.float32) for _ in range(3))
-    case = function_case(ref.tiled_attention, [q, k, v, 256],
-                         describe=f"(N = {FULL_MATRIX_N}, d = 32, block_size = 256: the full score matrix would "
-                                  f"take {FULL_MATRIX_N ** 2 * 4 >> 20} MiB)")
-    case.call["peak_bytes"] = PEAK_LIMIT
-    return cases + [case]
+    return _tiled_cases(rng, causal=False) + [_memory_bound_case(rng, causal=False)]
 
 
 @hidden_test("ch03.tiled_attention_causal", forbid=TILED_BUILTINS)
 def tiled_attention_causal(rng):
-    return _tiled_cases(rng, causal=True)
+    return _tiled_cases(rng, causal=True) + [_memory_bound_case(rng, causal=True)]
 
 
 @hidden_test("ch03.sliding_window_mask")

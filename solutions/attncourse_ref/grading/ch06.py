@@ -12,7 +12,7 @@ from .. import llm as ref
 from . import fixed, function_case, hidden_test, judged_case, loader_case, module_case
 
 DTYPES = [torch.float32, torch.float64]
-NO_MHA = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward")
+from attncourse.checks.ch06 import NO_MHA  # noqa: E402
 
 TEXTS = [
     "the cat sat on the mat; the cat ate the rat.",

@@ -8,7 +8,12 @@ from ._core import (build_module, call, close, dtypes_and_gradients, expect_pair
                     load_cases, max_error, module_dtypes, ok, require_callable, tensor)
 
 # Exercise 1 re-implements PyTorch's fused kernel: it may not call it (the hidden tests agree).
-SDPA_BUILTINS = ("torch.nn.functional.scaled_dot_product_attention",)
+SDPA_BUILTINS = ("torch.nn.functional.scaled_dot_product_attention",
+                 # the operator and every kernel it dispatches to, including the math one
+                 "aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math",
+                 "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention",
+                 "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+                 "aten::_scaled_dot_product_attention_math_for_mps", "aten::_scaled_dot_product_fused_attention_overrideable")
 
 
 def _data():

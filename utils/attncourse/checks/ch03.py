@@ -3,12 +3,14 @@
 import torch
 
 from ..memory import peak_memory
+from .ch02 import SDPA_BUILTINS
 from ._core import (build_module, call, close, dtypes_and_gradients, expect_pair, expect_tensor, fail, forbidding,
                     load_cases, max_error, module_dtypes, ok, require_callable, tensor)
 
 # From scratch: the built-ins these exercises re-implement (the hidden tests forbid the same).
-MHA_BUILTINS = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward")
-TILED_BUILTINS = ("torch.nn.functional.scaled_dot_product_attention",)
+MHA_BUILTINS = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward",
+                "aten::multi_head_attention_forward", "aten::_native_multi_head_attention")
+TILED_BUILTINS = SDPA_BUILTINS
 
 def _data():
     return load_cases("ch03")

@@ -15,10 +15,14 @@ from ._core import (build_module, call, close, expect_tensor, fail, forbidding, 
 LAYER_NORM_BUILTINS = ("torch.nn.functional.layer_norm", "torch.layer_norm", "torch.native_layer_norm",
                        "torch.nn.LayerNorm", "torch.nn.functional.group_norm", "torch.group_norm",
                        "torch.nn.functional.instance_norm", "torch.instance_norm",
-                       "torch.nn.functional.batch_norm", "torch.batch_norm")
+                       "torch.nn.functional.batch_norm", "torch.batch_norm",
+                       "aten::layer_norm", "aten::native_layer_norm", "aten::group_norm", "aten::native_group_norm",
+                       "aten::instance_norm", "aten::batch_norm", "aten::native_batch_norm",
+                       "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_no_training")
 # The blocks and stacks are built from their parts, not from PyTorch's finished layers.
 TRANSFORMER_BUILTINS = ("torch.nn.TransformerEncoderLayer", "torch.nn.TransformerDecoderLayer",
-                        "torch.nn.TransformerEncoder", "torch.nn.TransformerDecoder", "torch.nn.Transformer")
+                        "torch.nn.TransformerEncoder", "torch.nn.TransformerDecoder", "torch.nn.Transformer",
+                        "aten::_transformer_encoder_layer_fwd")
 
 
 def _data():

@@ -5,7 +5,8 @@ from ._core import (build_module, call, close, expect_pair, expect_tensor, fail,
                     require_callable, same, tensor)
 
 # Exercise 1 writes RMSNorm from scratch: PyTorch's own may not do it (the hidden tests agree).
-RMS_NORM_BUILTINS = ("torch.nn.functional.rms_norm", "torch.rms_norm", "torch.nn.RMSNorm")
+RMS_NORM_BUILTINS = ("torch.nn.functional.rms_norm", "torch.rms_norm", "torch.nn.RMSNorm",
+                     "aten::rms_norm", "aten::_fused_rms_norm")
 
 
 def _data():

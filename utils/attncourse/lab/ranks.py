@@ -78,6 +78,10 @@ def _rank_process(fn, args, rank, world_size, store_path, timeout, profiler, out
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout))
+        # Every rank connected before any runs the learner's code: a rank that returns at once (no
+        # collective at all) must not leave while a peer is still connecting (gloo: "connectFullMesh
+        # failed ... Connection closed by peer", which hid the real mistake under load).
+        dist.barrier()
         sys.setprofile(profiler)
         try:
             reply = ("ok", fn(*args))
