@@ -15,10 +15,19 @@ HTML = nbtools.ROOT / "_build" / "html"
 
 @pytest.fixture(scope="session")       # not "module": xdist may run other modules' tests in between,
 def site():                             # and a module fixture would then build the site a second time
-    res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "build_site.py")], cwd=nbtools.ROOT,
-                         capture_output=True, text=True)
+    # Seen in CI: two workers each ran a test of this module and built the site at the same time, every
+    # notebook executed twice.  A lock makes the second wait and then find everything in the cache.
+    res = build()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res.stdout
+
+
+def build():
+    from filelock import FileLock
+    (nbtools.ROOT / "_build").mkdir(exist_ok=True)
+    with FileLock(str(nbtools.ROOT / "_build" / "site.lock")):
+        return subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "build_site.py")], cwd=nbtools.ROOT,
+                              capture_output=True, text=True)
 
 
 def toc_pages():
@@ -80,8 +89,7 @@ def test_the_chinese_edition_mirrors_every_page_with_the_same_outputs(site):
 
 
 def test_unchanged_chapters_are_not_executed_again(site):
-    res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "build_site.py")], cwd=nbtools.ROOT,
-                         capture_output=True, text=True)
+    res = build()
     assert res.returncode == 0
     assert "ch02: unchanged" in res.stdout
     assert "executed in" not in res.stdout
