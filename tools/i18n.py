@@ -195,8 +195,8 @@ class Messages(Source):
 
 
 def message_templates(code):
-    """[(template, line)] of the strings and f-strings in ``code`` that read as messages (two words or
-    more besides placeholders), docstrings left out."""
+    """[(template, line)] of the strings and f-strings in ``code`` that read as messages (two words, or
+    one word between placeholders), docstrings left out."""
     import ast
     tree = ast.parse(code)
     skip = set()
@@ -217,7 +217,9 @@ def message_templates(code):
         else:
             continue
         literal = re.sub(r"\{(?!\{)[^{}]*\}", " ", template)
-        if len(re.findall(r"[A-Za-z]{2,}", literal)) >= 2 and " " in literal.strip():
+        words = len(re.findall(r"[A-Za-z]{2,}", literal))
+        # two words, or one word between placeholders ("case {i} {describe}: {reason}", "{what} in {dtype}")
+        if (words >= 2 or (words == 1 and "{" in template)) and " " in literal.strip():
             out.append((template, node.lineno))
     return sorted(out, key=lambda t: t[1])
 

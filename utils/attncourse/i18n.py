@@ -66,10 +66,12 @@ def translate(message, lang=None):
     if lang == "en" or not isinstance(message, str) or not message.strip():
         return message
     # A value that came out in Chinese leaves the template's space before a Chinese word: drop it.
-    return _CJK_SPACE.sub(r"\1", _translate(message, lang)[0])
+    # and no space stands before full-width punctuation.
+    return _BEFORE_PUNCTUATION.sub("", _CJK_SPACE.sub(r"\1", _translate(message, lang)[0]))
 
 
 _CJK_SPACE = re.compile(r"([\u4e00-\u9fff）]) (?=[\u4e00-\u9fff（])")
+_BEFORE_PUNCTUATION = re.compile(r"(?<=\S) +(?=[（），。：；？！])")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -110,29 +112,25 @@ def _translate(message, lang):
 
 
 def _parses(message, literals, limit=64):
-    """The ways ``message`` splits into the template's literals with a non-empty value between each."""
+    """The ways ``message`` splits into the template's literals, with a value (maybe empty: an optional
+    part such as {', causal' if causal else ''}) between each two."""
     found = []
 
     def walk(pos, i, values):
         if len(found) >= limit:
             return
         if i == len(literals) - 1:
-            if len(message) - pos >= len(literals[-1]) and message.endswith(literals[-1]):
-                value = message[pos:len(message) - len(literals[-1])]
-                if value:
-                    found.append(values + [value])
+            end = len(message) - len(literals[-1])
+            if end >= pos and message.endswith(literals[-1]):
+                found.append(values + [message[pos:end]])
             return
-        at = message.find(literals[i], pos + 1) if i else 0
+        at = message.find(literals[i], pos)
         while at != -1 and len(found) < limit:
-            if i == 0:
-                walk(len(literals[0]), 1, values)
-                return
-            value = message[pos:at]
-            if value:
-                walk(at + len(literals[i]), i + 1, values + [value])
+            walk(at + len(literals[i]), i + 1, values + [message[pos:at]])
             at = message.find(literals[i], at + 1)
 
     if len(literals) == 1:
         return [[]] if message == literals[0] else []
-    walk(len(literals[0]), 1, []) if message.startswith(literals[0]) else None
+    if message.startswith(literals[0]):
+        walk(len(literals[0]), 1, [])
     return found
