@@ -9,8 +9,10 @@ English is the source.  Every chapter notebook and page has one catalogue,
 ``translations/zh/<name>.po``: its entries are the text units of the Markdown (a paragraph, a
 heading, a list item or a table row), never code, display math or outputs.  A translated copy
 replaces each unit whose entry is translated and not fuzzy, and keeps the English of any other, so
-a stale translation is never shown.  Catalogues are read and written with polib; a translator can
-use any gettext tool (Poedit, Weblate, ...).
+a stale translation is never shown.  The learner package's messages have one more catalogue,
+``utils/attncourse/locale/zh/LC_MESSAGES/attncourse.po`` (templates of the code's strings and
+f-strings, see Messages), compiled to the .mo that attncourse.i18n reads.  Catalogues are read and
+written with polib; a translator can use any gettext tool (Poedit, Weblate, ...).
 """
 import argparse
 import difflib
