@@ -227,15 +227,13 @@ def test_chinese_notebooks_are_graded_exactly_like_english_ones(tmp_path):
 @pytest.mark.slow
 def test_validate_speaks_the_notebooks_language(tmp_path):
     """`make validate` on a Chinese notebook: the report and the checks' messages in Chinese."""
-    import subprocess
-    import sys
+    from test_validate import validate
     from zoo.ch02 import VARIANTS
     instructor = nbtools.read(nbtools.chapter_notebook("ch02"))
     release = i18n.translate_notebook(nbtools.strip_solutions(nbtools.strip_hidden_tests(instructor)), "ch02")
     wrong = next(v for v in VARIANTS if v.cell == "causal_mask")
     path = nbtools.write(nbtools.solve(instructor, release, {"causal_mask": wrong.impl}), tmp_path / "attention.ipynb")
-    res = subprocess.run([sys.executable, str(i18n.ROOT / "tools" / "validate.py"), str(path)],
-                         capture_output=True, text=True)
+    res = validate(path)
     lines = {line.split()[1]: line for line in res.stdout.splitlines() if line and line[0] in "\u2713\u2717\u00b7"}
     assert res.returncode == 1, res.stdout + res.stderr
     assert lines["test_causal_mask"].startswith("\u2717") and re.search(r"[\u4e00-\u9fff]{4}", lines["test_causal_mask"])

@@ -218,7 +218,7 @@ def message_templates(code):
             template = node.value.replace("{", "{{").replace("}", "}}")
         else:
             continue
-        literal = re.sub(r"\{(?!\{)[^{}]*\}", " ", template)
+        literal = i18n_fidelity.PLACEHOLDER.sub(" ", template)
         words = len(re.findall(r"[A-Za-z]{2,}", literal))
         # two words, or one word between placeholders ("case {i} {describe}: {reason}", "{what} in {dtype}")
         if (words >= 2 or (words == 1 and "{" in template)) and " " in literal.strip():
@@ -375,10 +375,8 @@ def translate_notebook(nb, name):
     return nb
 
 
-def translate_page(name, text=None):
-    src = source(name)
-    text = src.path.read_text(encoding="utf-8") if text is None else text
-    return translate_text(text, translations(name).get)
+def translate_page(name):
+    return translate_text(source(name).path.read_text(encoding="utf-8"), translations(name).get)
 
 
 def translated_book_strings():

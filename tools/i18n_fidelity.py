@@ -13,6 +13,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from attncourse.i18n import PLACEHOLDER
+
 ROOT = Path(__file__).resolve().parent.parent
 WAIVER = "not a glossary term:"
 
@@ -167,7 +169,6 @@ def problems(en, zh, entry=None, glossary=None):
     return out
 
 
-_PLACEHOLDER = re.compile(r"\{(?!\{)[^{}]*\}")
 
 
 def message_problems(en, zh):
@@ -175,8 +176,8 @@ def message_problems(en, zh):
     ``{placeholders}`` (the values the code formats in), inline code and numbers, and Chinese text."""
     if zh == en:          # kept as it is on purpose: code, a name, a test's input text
         return []
-    out = _differ("placeholders", _PLACEHOLDER.findall(en), _PLACEHOLDER.findall(zh))
-    en_rest, zh_rest = _PLACEHOLDER.sub(" ", en), _PLACEHOLDER.sub(" ", zh)
+    out = _differ("placeholders", PLACEHOLDER.findall(en), PLACEHOLDER.findall(zh))
+    en_rest, zh_rest = PLACEHOLDER.sub(" ", en), PLACEHOLDER.sub(" ", zh)
     out += _differ("inline code", _parts(en_rest)[0], _parts(zh_rest)[0])
     out += _differ("numbers", _numbers(_EN_NUMBER, _parts(en_rest)[3]), _numbers(_ZH_NUMBER, _parts(zh_rest)[3]))
     if len(re.findall(r"[A-Za-z]{2,}", _parts(en_rest)[3])) >= 4 and not _CJK.search(zh):

@@ -23,7 +23,7 @@ LOCALE = Path(__file__).resolve().parent / "locale"
 DOMAIN = "attncourse"
 LANGUAGES = ("en", "zh")
 _state = {"language": os.environ.get("ATTNCOURSE_LANGUAGE", "en")}
-_PLACEHOLDER = re.compile(r"\{(?!\{)[^{}]*\}")
+PLACEHOLDER = re.compile(r"\{(?!\{)[^{}]*\}")   # a template's {expression}; {{ and }} are literal braces
 
 
 def set_language(language):
@@ -50,8 +50,8 @@ def _patterns(lang):
     for english, translated in catalog.items():
         if not english or not isinstance(english, str) or not translated or translated == english:
             continue
-        literals = [p.replace("{{", "{").replace("}}", "}") for p in _PLACEHOLDER.split(english)]
-        out.append((literals, _PLACEHOLDER.findall(english), translated, sum(len(p) for p in literals)))
+        literals = [p.replace("{{", "{").replace("}}", "}") for p in PLACEHOLDER.split(english)]
+        out.append((literals, PLACEHOLDER.findall(english), translated, sum(len(p) for p in literals)))
     return out
 
 
@@ -97,7 +97,7 @@ def _translate(message, lang):
                 score += explained
             if score > best_score:
                 best_score = score
-                best = _PLACEHOLDER.sub(lambda p: done.get(p.group(), p.group()), translated) \
+                best = PLACEHOLDER.sub(lambda p: done.get(p.group(), p.group()), translated) \
                     .replace("{{", "{").replace("}}", "}")
     if best_score < len(message):
         # Pieces joined by the code (a block of lines, "reason; more"): the parts, each on its own.
