@@ -191,17 +191,30 @@ class Messages(Source):
         seen = {}
         for pattern in self.FILES:
             for path in sorted(ROOT.glob(pattern)):
-                for template, line in message_templates(path.read_text(encoding="utf-8")):
+                cases = path.parent.name == "grading" and path.name.startswith("ch")
+                for template, line in message_templates(path.read_text(encoding="utf-8"), inputs=cases):
                     seen.setdefault(template, f"{path.relative_to(ROOT)}:{line}")
         return list(seen.items())
 
 
-def message_templates(code):
+def message_templates(code, inputs=False):
     """[(template, line)] of the strings and f-strings in ``code`` that read as messages (two words, or
-    one word between placeholders), docstrings left out."""
+    one word between placeholders).  Left out: docstrings, and module-level data (a list or tuple
+    assigned at the top of a module, such as the hidden tests' input texts, which must not ship with
+    the learner package).  ``inputs``: ``code`` builds a hidden test's cases, so plain strings in
+    collections or passed to calls are its inputs, not messages, and are left out too."""
     import ast
     tree = ast.parse(code)
     skip = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.List, ast.Tuple, ast.Set)):
+            skip |= {id(v) for v in ast.walk(node.value) if isinstance(v, ast.Constant)}
+    if inputs:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+                skip |= {id(v) for v in node.elts if isinstance(v, ast.Constant)}
+            elif isinstance(node, ast.Call):
+                skip |= {id(v) for v in node.args if isinstance(v, ast.Constant)}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body \
                 and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
