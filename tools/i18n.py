@@ -199,16 +199,12 @@ class Messages(Source):
 
 def message_templates(code, inputs=False):
     """[(template, line)] of the strings and f-strings in ``code`` that read as messages (two words, or
-    one word between placeholders).  Left out: docstrings, and module-level data (a list or tuple
-    assigned at the top of a module, such as the hidden tests' input texts, which must not ship with
-    the learner package).  ``inputs``: ``code`` builds a hidden test's cases, so plain strings in
-    collections or passed to calls are its inputs, not messages, and are left out too."""
+    one word between placeholders), docstrings left out.  ``inputs``: ``code`` builds a hidden test's
+    cases, so its plain strings in collections or passed to calls are the test's inputs, not
+    messages, and are left out (they must not ship with the learner package)."""
     import ast
     tree = ast.parse(code)
     skip = set()
-    for node in tree.body:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.List, ast.Tuple, ast.Set)):
-            skip |= {id(v) for v in ast.walk(node.value) if isinstance(v, ast.Constant)}
     if inputs:
         for node in ast.walk(tree):
             if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
