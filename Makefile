@@ -76,7 +76,7 @@ collect-zip: $(STAMP)
 
 validate: $(STAMP)
 	@test -n "$(NB)" || (echo "usage: make validate NB=path/to/notebook.ipynb"; exit 2)
-	$(BIN)/python tools/validate.py $(NB)
+	$(BIN)/python -m attncourse validate $(NB)
 
 benchmark: $(STAMP)
 	$(BIN)/python tools/benchmark.py $(if $(CLASS),--class-size $(CLASS) $(CH) $(if $(JOBS),--jobs $(JOBS)),)

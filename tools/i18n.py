@@ -175,7 +175,7 @@ class Messages(Source):
     catalogue lives in the package (attncourse.i18n reads the compiled .mo with gettext)."""
     FILES = ["utils/attncourse/checks/*.py", "utils/attncourse/autograde.py", "utils/attncourse/forbid.py",
              "utils/attncourse/lab/*.py",
-             "tools/validate.py", "solutions/attncourse_ref/grading/*.py"]
+             "utils/attncourse/validate.py", "utils/attncourse/cli.py", "solutions/attncourse_ref/grading/*.py"]
 
     def __init__(self):
         super().__init__("messages", ROOT / "utils" / "attncourse")
