@@ -369,14 +369,16 @@ LANGUAGE_CELL = ('import attncourse\n'
 
 def translate_notebook(nb, name):
     """A copy of ``nb`` with its Markdown cells in Chinese (code cells, outputs and metadata untouched),
-    and, before its first code cell, one cell that sets the course's messages to Chinese."""
+    and, before its first code cell (after the set-up cell), one cell that sets the course's messages to Chinese."""
     table = translations(name)
     nb = nbformat.from_dict(nb)
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = translate_text(cell.source, table.get)
     if not any(c.get("id") == "attncourse-language" for c in nb.cells):
-        first_code = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), len(nb.cells))
+        # after the set-up cell (tools/setup_cell.py), which installs attncourse where it is missing
+        first_code = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("id") != "attncourse-setup"),
+                          len(nb.cells))
         cell = nbformat.v4.new_code_cell(LANGUAGE_CELL)
         cell.id = "attncourse-language"
         nb.cells.insert(first_code, cell)
