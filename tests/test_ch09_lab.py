@@ -301,3 +301,126 @@ def test_run_ranks_in_processes_are_gloo_processes_and_report_to_a_watch():
     assert watch.hit == "marked"
     with pytest.raises(RuntimeError, match="unpicklable"):
         run_ranks(lambda: (lambda: 0), [(), ()], processes=True)
+
+
+# ---- which device, and what it cannot do (no GPU needed: PyTorch's answers are replaced) ---------
+
+@pytest.fixture
+def machine(monkeypatch):
+    """machine(cuda=..., mps=..., mps_built=...): what PyTorch will say is here."""
+    def have(cuda=False, mps=False, mps_built=None):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+        monkeypatch.setattr(torch.backends.mps, "is_built", lambda: mps if mps_built is None else mps_built)
+    return have
+
+
+@pytest.mark.parametrize("cuda, mps, asked, processes, device, says", [
+    (True, True, "auto", 1, "cuda:0", "a CUDA GPU: the first choice of --device auto"),
+    (False, True, "auto", 1, "mps", "no CUDA GPU, and --device auto takes MPS before the CPU"),
+    (False, False, "auto", 1, "cpu", "no CUDA GPU and no Apple GPU (MPS) here: the CPU"),
+    (False, True, "auto", 2, "cpu", "serves one process, not 2"),
+    (True, True, "mps", 1, "mps", "asked for with --device mps"),
+    (True, True, "cpu", 1, "cpu", "asked for with --device cpu"),
+    (True, False, "cuda", 1, "cuda:0", "asked for with --device cuda"),
+])
+def test_device_choice_cuda_then_mps_then_cpu(machine, cuda, mps, asked, processes, device, says):
+    machine(cuda=cuda, mps=mps)
+    chosen, why = hardware.choose_device(asked, local_rank=0, processes=processes)
+    assert str(chosen) == device and says in why
+    if device == "cuda:0":
+        assert "NVIDIA H100" in why
+        machine(cuda=True)
+        assert str(hardware.choose_device(asked, local_rank=3)[0]) == "cuda:3"     # torchrun's LOCAL_RANK
+
+
+@pytest.mark.parametrize("args, env, built, says", [
+    (["--device", "mps"], {}, False, "--device mps: Apple's GPU (MPS) cannot be used here: this PyTorch was built without MPS"),
+    (["--device", "mps"], {}, True, "finds no usable Apple GPU"),
+    (["--device", "cuda"], {}, False, "--device cuda: PyTorch finds no CUDA GPU here"),
+    (["--device", "mps"], {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, None, "2 processes cannot share Apple's GPU"),
+])
+def test_a_device_asked_for_but_missing_is_a_clear_error(machine, monkeypatch, tmp_path, capsys, args, env, built, says):
+    machine(cuda=False, mps=built is None, mps_built=built)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "mylab.py").write_text(REFERENCE_LAB)
+    status = train.main(TINY + args + ["--max-steps", "1", "--code", str(tmp_path / "mylab.py"),
+                                       "--out-dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("error: ") and says in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_what_apples_gpu_cannot_do_falls_back_with_a_note(machine, monkeypatch):
+    mps, cpu, cuda = torch.device("mps"), torch.device("cpu"), torch.device("cuda", 0)
+    # bfloat16 autocast: used on MPS where the probe works, else float32 with a note
+    monkeypatch.setattr(hardware, "autocast_error", lambda device, dtype: None)
+    assert hardware.autocast_dtype(mps, "auto") == (torch.bfloat16, None)
+    monkeypatch.setattr(hardware, "autocast_error", lambda device, dtype: "RuntimeError: bf16 needs macOS 14")
+    dtype, note = hardware.autocast_dtype(mps, "auto")
+    assert dtype is None and "bfloat16 autocast does not work on Apple's GPU" in note and "float32" in note
+    assert hardware.autocast_dtype(mps, "float16")[0] is None
+    assert hardware.autocast_dtype(cpu, "auto") == (None, None)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)      # a T4 or V100
+    assert hardware.autocast_dtype(cuda, "auto") == (torch.float16, None)
+    # torch.compile: on for CUDA under auto, never on MPS
+    assert hardware.compile_choice(cuda, "auto") == (True, None)
+    assert hardware.compile_choice(cpu, "auto") == (False, None) and hardware.compile_choice(cpu, "on") == (True, None)
+    assert hardware.compile_choice(mps, "auto") == (False, None)
+    on, note = hardware.compile_choice(mps, "on")
+    assert not on and "torch.compile is not used on Apple's GPU" in note
+    # DDP: NCCL for CUDA where PyTorch has it (not on Windows), else gloo
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert hardware.dist_backend(cuda) == ("nccl", None) and hardware.dist_backend(cpu) == ("gloo", None)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
+    backend, note = hardware.dist_backend(cuda)
+    assert backend == "gloo" and "no NCCL" in note
+    # fused AdamW: asked for on a GPU; where PyTorch refuses it, the ordinary one and a note
+    model, notes = torch.nn.Linear(4, 4), []
+    real = torch.optim.AdamW
+
+    def refusing(*a, fused=None, **k):
+        if fused:
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices")
+        return real(*a, **k)
+    monkeypatch.setattr(torch.optim, "AdamW", refusing)
+    opt = train.make_optimizer(model, train.Config(), mps, notes)
+    assert not opt.defaults["fused"] and len(notes) == 1 and "fused AdamW is not available on mps" in notes[0]
+    assert not train.make_optimizer(model, train.Config(), cpu, notes).defaults["fused"] and len(notes) == 1
+
+
+def test_the_autocast_probe_reports_a_failure_in_one_line(monkeypatch):
+    assert hardware.autocast_error(torch.device("cpu"), torch.bfloat16) is None      # a real forward and backward
+
+    def broken(*a, **k):
+        raise RuntimeError("MPS autocast: unsupported dtype\nmore detail")
+    monkeypatch.setattr(torch, "autocast", broken)
+    assert hardware.autocast_error(torch.device("cpu"), torch.bfloat16) == "RuntimeError: MPS autocast: unsupported dtype"
+
+
+@pytest.mark.parametrize("error, says", [
+    ('TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn\'t support float64.")',
+     "Apple's GPU (MPS) has no float64"),
+    ('NotImplementedError("The operator \'aten::foo\' is not currently implemented for the MPS device.")',
+     "PYTORCH_ENABLE_MPS_FALLBACK=1"),
+])
+def test_what_mps_refuses_in_the_learners_code_gets_a_message(tmp_path, capsys, error, says):
+    (tmp_path / "mylab.py").write_text(REFERENCE_LAB + f"def lr_at(*args):\n    raise {error}\n")
+    status = train.main(TINY + ["--max-steps", "1", "--code", str(tmp_path / "mylab.py"), "--out-dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("error: ") and says in err and "not implemented yet" not in err, err
+
+
+def test_the_run_says_which_device_and_why_in_the_learners_language(workdir, machine, monkeypatch, capsys):
+    from attncourse import i18n
+    machine(cuda=False, mps=False)
+    args = [a for a in TINY if a != "--quiet"] + ["--max-steps", "1", "--batch-size", "2", "--eval-batches", "1",
+                                                    "--peak-tflops", "1", "--progress", "off"]
+    assert run_cli(args + ["--out-dir", str(workdir / "a")], workdir) == 0
+    out = capsys.readouterr().out
+    assert "device cpu: no CUDA GPU and no Apple GPU (MPS) here: the CPU" in out.splitlines()
+    monkeypatch.setitem(i18n._state, "language", "zh")
+    assert run_cli(args + ["--out-dir", str(workdir / "b"), "--device", "cpu"], workdir) == 0
+    assert "设备 cpu：由 --device cpu 指定" in capsys.readouterr().out.splitlines()

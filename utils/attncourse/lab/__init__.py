@@ -5,7 +5,7 @@
 - ``attncourse.lab.FallbackGPT``: a GPT made of PyTorch's own layers, for running the lab
   without your chapter 06 model.
 - ``attncourse.lab.data``: Shakespeare tokenised once to memory-mapped files.
-- ``attncourse.lab.hardware``: peak FLOP/s per GPU (for MFU).
+- ``attncourse.lab.hardware``: which device (CUDA, Apple's MPS, the CPU) and what it can do; peak FLOP/s (for MFU).
 - ``attncourse.lab.compare``: the CPU mode against the classic minimal-GPT recipe, side by side.
 - ``attncourse.lab.ranks``: run a function on several ranks of a gloo process group, from one call.
 
@@ -15,7 +15,8 @@ Importing this package before torch makes idle CPU threads sleep instead of spin
 (OMP_WAIT_POLICY=PASSIVE, unless already set).  On a busy machine (a shared JupyterHub, a CI
 runner) spinning threads fight the other processes for the cores: measured on a loaded 2-core
 machine, a training step of the minimal GPT ran 0.2 times a second with spinning threads and
-4 to 8 times with sleeping ones.
+4 to 8 times with sleeping ones.  It also sets PYTORCH_ENABLE_MPS_FALLBACK=1 (unless set): on
+Apple's GPU an operator that MPS lacks then runs on the CPU instead of stopping the run.
 """
 import os
 import subprocess
@@ -24,6 +25,9 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # before torch (imported just below) starts threads
+# On Apple's GPU (MPS), an operator that MPS lacks runs on the CPU (PyTorch warns once) instead of
+# stopping the run.  PyTorch reads this once, when it is imported.
+os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
 
 from .fallback import FallbackGPT  # noqa: E402
 from .learner import LabError, export  # noqa: E402

@@ -11,9 +11,12 @@ One command, whatever the hardware:
 It imports from mylab.py (written by the notebook's export cell; --code PATH for another file)
 the learner's lr_at, micro_batch_loss, clip_grad_norm, flops_per_token, mfu, shard_indices,
 all_reduce_mean and model class GPT; --model fallback trains attncourse.lab.FallbackGPT instead.
-On a GPU it uses bfloat16 autocast (float16 with loss scaling where bfloat16 is missing),
-TF32 matrix products, fused AdamW and torch.compile (--compile off to switch it off); under
-torchrun, DistributedDataParallel over NCCL (GPUs) or gloo (CPUs).  It logs to
+It trains on a CUDA GPU, else Apple's GPU (MPS), else the CPU (--device to choose; it says which
+and why).  On a CUDA GPU it uses bfloat16 autocast (float16 with loss scaling where bfloat16 is
+missing), TF32 matrix products, fused AdamW and torch.compile (--compile off to switch it off); on
+Apple's GPU bfloat16 autocast where it works there and fused AdamW; under torchrun,
+DistributedDataParallel over NCCL (GPUs) or gloo (CPUs).  What a device cannot do falls back with
+a note (attncourse.lab.hardware).  It logs to
 OUT/log.csv, draws OUT/loss.png, checkpoints to OUT/ckpt.pt (model, optimizer, schedule
 position, data sampler and RNG states: --resume continues exactly; on several machines put
 --out-dir on a filesystem they share), and samples at the end.
@@ -76,8 +79,8 @@ class Config:
     resume: bool = False
     stop_after: int = 0                # stop (and checkpoint) once this many steps are done; 0: run to max_steps
     time_budget: float = 0.0           # seconds of training; 0: no limit
-    device: str = "auto"               # auto, cpu, cuda
-    dtype: str = "auto"                # auto (bfloat16 on a GPU that has it, else float16; float32 on CPU), float32, bfloat16, float16
+    device: str = "auto"               # auto (CUDA, else Apple's MPS, else the CPU), cuda, mps, cpu
+    dtype: str = "auto"                # auto (bfloat16 on a GPU that has it, else float16 on CUDA, float32; float32 on CPU), float32, bfloat16, float16
     compile: str = "auto"              # auto (on for CUDA), on, off
     threads: int = 0                   # CPU threads for this process; 0: PyTorch's default
     peak_tflops: float = 0.0           # per device; 0: the table (GPU) or a measurement (CPU)
@@ -113,6 +116,8 @@ class Runtime:
     world_size: int
     device: torch.device
     autocast_dtype: object      # torch.dtype or None
+    why: str = ""               # why this device (printed at the start)
+    notes: list = dataclasses.field(default_factory=list)   # what the device cannot do, and what runs instead
 
     @property
     def main(self):
@@ -127,23 +132,24 @@ def setup(cfg):
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    device, why = hardware.choose_device(cfg.device, local_rank, world_size)
+    notes = []
+    use_cuda = device.type == "cuda"
     if use_cuda:
-        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         # TF32: float32 matrix products on tensor cores (10-bit mantissa inputs, float32 accumulation).
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    else:
-        device = torch.device("cpu")
     if distributed:
+        if not dist.is_available():
+            raise learner.LabError("this PyTorch has no torch.distributed: run one process, without torchrun")
+        backend, note = hardware.dist_backend(device)
+        notes += [note] if note else []
         # env:// rendezvous: torchrun has set MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.
-        dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
-    dtype = cfg.dtype
-    if dtype == "auto":
-        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if use_cuda else "float32"
-    autocast_dtype = None if dtype == "float32" else getattr(torch, dtype)
-    return Runtime(rank, local_rank, world_size, device, autocast_dtype)
+        dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+    autocast_dtype, note = hardware.autocast_dtype(device, cfg.dtype)
+    notes += [note] if note else []
+    return Runtime(rank, local_rank, world_size, device, autocast_dtype, why, notes)
 
 
 def build_model(cfg, lab, vocab_size):
@@ -173,13 +179,19 @@ def embedding_params(model, vocab_size):
     return n
 
 
-def make_optimizer(model, cfg, device):
-    """AdamW; weight decay on matrices and embeddings only (not on biases and norm gains)."""
+def make_optimizer(model, cfg, device, notes=None):
+    """AdamW; weight decay on matrices and embeddings only (not on biases and norm gains).  On a GPU
+    the fused kernel; where PyTorch refuses it, the ordinary one, with a line in ``notes``."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    fused = device.type == "cuda"          # one kernel for the whole update instead of several per tensor
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    if hardware.fused_adamw(device):       # one kernel for the whole update instead of several per tensor
+        try:
+            return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True)
+        except (RuntimeError, ValueError) as exc:
+            if notes is not None:
+                notes.append(f"fused AdamW is not available on {device.type} with this PyTorch ({str(exc).splitlines()[0]}): the ordinary AdamW")
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
 def check_pieces(lab, cfg, rt):
@@ -200,6 +212,8 @@ def rng_state(device):
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
+    elif device.type == "mps":
+        state["mps"] = torch.mps.get_rng_state()
     return state
 
 
@@ -209,6 +223,8 @@ def set_rng_state(state, device):
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+    elif device.type == "mps" and "mps" in state:
+        torch.mps.set_rng_state(state["mps"])
 
 
 def gather(obj, rt):
@@ -368,7 +384,10 @@ def train(cfg):
     if cfg.max_steps <= 0 and cfg.time_budget <= 0:
         raise learner.LabError("--max-steps 0 (fit the schedule to the time) needs --time-budget SECONDS")
     rt = setup(cfg)
-    say = print if (rt.main and not cfg.quiet) else (lambda *a, **k: None)
+    # In the learner's language (attncourse.set_language / ATTNCOURSE_LANGUAGE), like the errors.
+    talk = rt.main and not cfg.quiet
+    say = (lambda *a, **k: print(*map(translate, a), **k)) if talk else (lambda *a, **k: None)
+    say.raw = print if talk else (lambda *a, **k: None)         # text that is not a message (the sample)
     try:
         lab = learner.load(cfg.code)
         check_pieces(lab, cfg, rt)
@@ -391,8 +410,8 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
     out = Path(cfg.out_dir)
     if rt.main:
         out.mkdir(parents=True, exist_ok=True)
-    opt = make_optimizer(raw_model, cfg, rt.device)
-    scaler = torch.amp.GradScaler("cuda") if rt.autocast_dtype == torch.float16 else None
+    opt = make_optimizer(raw_model, cfg, rt.device, rt.notes)
+    scaler = torch.amp.GradScaler(rt.device.type) if rt.autocast_dtype == torch.float16 else None
     global_rows = cfg.batch_size * rt.world_size
     sampler = labdata.BatchSampler(len(corpus.train), cfg.block_size, global_rows, cfg.seed)
     val_gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -403,7 +422,8 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
         step = load_checkpoint(out / "ckpt.pt", raw_model, opt, scaler, sampler, cfg, rt)
         say(f"resumed from {out / 'ckpt.pt'} at step {step}")
 
-    use_compile = cfg.compile == "on" or (cfg.compile == "auto" and rt.device.type == "cuda")
+    use_compile, note = hardware.compile_choice(rt.device, cfg.compile)
+    rt.notes += [note] if note else []
     model = torch.compile(raw_model) if use_compile else raw_model
     eval_model = model
     if rt.world_size > 1:
@@ -419,10 +439,13 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
     n_embedding = embedding_params(raw_model, vocab_size)
     fpt = lab.flops_per_token(n_params, n_embedding, cfg.n_layer, cfg.n_embd, cfg.block_size)
     if cfg.peak_tflops or rt.device.type == "cuda" or not cfg.quiet:
-        peak, peak_source = hardware.peak_flops(rt.device, cfg.peak_tflops or None)
+        peak, peak_source = hardware.peak_flops(rt.device, cfg.peak_tflops or None, rt.autocast_dtype)
     else:
         peak, peak_source = None, "not measured"
     tokens_per_step = cfg.batch_size * cfg.block_size * cfg.grad_accum * rt.world_size
+    say(f"device {rt.device}: {rt.why}")
+    for note in rt.notes:
+        say(f"on {rt.device}: {note}")
     say(f"model: {type(raw_model).__name__}, {n_params / 1e6:.2f}M parameters "
         f"({n_embedding / 1e6:.3f}M in lookup tables), {fpt / 1e6:.1f} MFLOPs per token")
     say(f"device: {rt.device} x {rt.world_size} process(es), autocast {rt.autocast_dtype or 'off'}, "
@@ -540,7 +563,7 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
         plot(out / "log.csv", out / "loss.png")
         if cfg.sample_tokens:
             summary["sample"] = sample(raw_model, corpus, cfg, rt, autocast)
-            say("---- sample ----\n" + summary["sample"] + "\n----------------")
+            say.raw("---- sample ----\n" + summary["sample"] + "\n----------------")
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         say(f"done: {step} steps in {elapsed:.1f} s ({mean_tok_s or 0:,.0f} tokens/s on average), "
             f"validation loss {val_loss:.4f}; "
@@ -550,7 +573,7 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
 
 # ---- command line --------------------------------------------------------------------------------
 
-CHOICES = {"model": ["mine", "fallback"], "device": ["auto", "cpu", "cuda"], "compile": ["auto", "on", "off"],
+CHOICES = {"model": ["mine", "fallback"], "device": list(hardware.DEVICES), "compile": ["auto", "on", "off"],
            "dtype": ["auto", "float32", "bfloat16", "float16"], "progress": ["auto", "on", "off"]}
 HELP = {
     "code": "your module (written by the notebook's export cell)",
@@ -566,8 +589,9 @@ HELP = {
     "log_interval": "steps between rows of OUT/log.csv",
     "print_interval": "steps between printed lines when there is no progress bar; 0: --log-interval",
     "eval_interval": "steps between validation losses (and checkpoints)",
-    "dtype": "auto: bfloat16 autocast on a GPU that has it, float16 on one that has not, float32 on a CPU",
-    "compile": "torch.compile; auto: on for CUDA",
+    "device": "auto: a CUDA GPU, else Apple's GPU (MPS), else the CPU",
+    "dtype": "auto: bfloat16 autocast on a GPU that has it, float16 on a CUDA GPU that has not, float32 on a CPU",
+    "compile": "torch.compile; auto: on for CUDA (never on Apple's GPU)",
     "threads": "CPU threads for this process; 0: PyTorch's default",
     "peak_tflops": "one device's peak for MFU; 0: the table (GPU) or a measurement (CPU)",
     "sample_tokens": "characters to sample at the end",
@@ -598,7 +622,15 @@ def main(argv=None):
     except learner.LabError as exc:
         print(translate(f"error: {exc}"), file=sys.stderr)
         return 2
+    except TypeError as exc:
+        if "MPS" not in str(exc) or "float64" not in str(exc):
+            raise
+        print(translate(f"error: Apple's GPU (MPS) has no float64 ({str(exc).splitlines()[0]}): keep your code in float32, or train on the CPU with --device cpu"), file=sys.stderr)
+        return 2
     except NotImplementedError as exc:
+        if "MPS" in str(exc):               # an operator Apple's GPU lacks, not an unfinished exercise
+            print(translate(f"error: {str(exc).splitlines()[0]} (run with PYTORCH_ENABLE_MPS_FALLBACK=1 set before Python starts, or --device cpu)"), file=sys.stderr)
+            return 2
         tb = exc.__traceback__
         while tb.tb_next:
             tb = tb.tb_next
