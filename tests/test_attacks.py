@@ -9,10 +9,12 @@ where most of them strike.
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -354,14 +356,52 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     assert str(root) not in leftovers.stdout
 
 
+class UnixListener:
+    """A pathname Unix socket (as a PostgreSQL gradebook or a daemon keeps one) that records callers."""
+
+    def __init__(self, path):
+        self.path, self.heard = str(path), []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        os.chmod(self.path, 0o777)
+        self.sock.listen(4)
+        self.sock.settimeout(0.2)
+        self.stop = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop:
+            try:
+                conn, _ = self.sock.accept()
+                self.heard.append(conn.recv(100))
+                conn.close()
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop = True
+        self.thread.join()
+        self.sock.close()
+        os.unlink(self.path)
+
+
 def test_a_confined_kernel_runs_gloo_ranks_in_a_network_of_its_own(tmp_path):
     """The grading kernel's channels are Unix sockets, so it can have a network namespace of its own:
-    chapter 09's DDP code runs there as forked gloo processes, which reach each other and nothing else."""
+    chapter 09's DDP code runs there as forked gloo processes, which reach each other and nothing else.
+    Nor does it reach a pathname Unix socket of the machine (in /tmp, /run, or its own folder's
+    parent), even knowing the path, directly or through another process's /proc/PID/root."""
+    import tempfile
     import confinement
     from jupyter_client.manager import KernelManager
 
     confinement.ensure_kernelspec()
     listener = Listener()
+    outside = Path(tempfile.mkdtemp(prefix="attncourse-outside-"))
+    run_dir = Path("/run") if os.access("/run", os.W_OK) else outside
+    unix = [UnixListener(outside / "db.sock"), UnixListener(tmp_path.parent / f"{tmp_path.name}.sock"),
+            UnixListener(run_dir / f"attncourse-test-{os.getpid()}.sock")]
+    targets = [u.path for u in unix] + [f"/proc/{os.getpid()}/root{u.path}" for u in unix]
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "ATTNCOURSE_GRADER_CONTROL"}
     env.update(ATTNCOURSE_SANDBOX_REPORT=str(report), ATTNCOURSE_SANDBOX_TMP=str(tmp_path / "tmp"))
@@ -374,6 +414,14 @@ def where(x):
     dist.all_reduce(x)
     return os.getpid(), dist.get_backend(), x.item()
 reached = []
+for path in {targets!r}:
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.send(b'exfiltrated')
+        reached.append(path)
+    except OSError:
+        pass
 for address in {host_addresses()!r}:
     try:
         socket.create_connection((address, {listener.port}), timeout=2).send(b'exfiltrated')
@@ -393,8 +441,13 @@ print(json.dumps([ranks_can_be_processes(), run_ranks(where, [(torch.ones(1),), 
     finally:
         km.shutdown_kernel(now=True)
         listener.close()
+        for u in unix:
+            u.close()
+        shutil.rmtree(outside, ignore_errors=True)
     facts = json.loads(report.read_text())
     assert facts["network"] == "private namespace (loopback only)" and facts["tcp"] is False, facts
+    assert not any(u.heard for u in unix), [u.heard for u in unix]
+    assert {"/tmp", "/run"} <= set(facts["socket_folders_hidden"]), facts
     assert km.transport == "ipc"
     text = "".join(out)
     processes, results, kernel_pid, reached = json.loads(text)

@@ -1,5 +1,6 @@
 """The hidden-test machinery: wire format, comparison, determinism, and the defences against cheating."""
 import io
+import os
 
 import numpy as np
 import pytest
@@ -154,3 +155,46 @@ def test_a_forbidden_operator_fails_whatever_its_spelling(case):
     verdict = run_hidden_test(test_id, candidate)
     assert verdict["failures"] and any("must be written from scratch: it may not call" in f for f in verdict["failures"]), \
         verdict["failures"][:2]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="a memory cgroup needs root")
+def test_the_peak_memory_of_a_kernel_counts_a_child_that_computed_and_exited():
+    """A kernel that computes in a child process does not escape the tiled-attention memory bound:
+    the grading server reads the peak of the kernel's memory cgroup, children included."""
+    import json
+    import subprocess
+    import sys
+    from attncourse import sandbox
+    from attncourse_ref.grading.__main__ import PeakMemory
+    if "memory" not in sandbox._cgroup_bases():
+        pytest.skip("no memory cgroup controller on this machine")
+    code = """
+import json, os, sys
+from attncourse import sandbox
+print(json.dumps(sandbox._make_cgroups()), flush=True)
+sys.stdin.readline()
+pid = os.fork()
+if pid == 0:
+    bytearray(200 << 20)             # 200 MiB, written (zeroed) by the child, which then exits
+    os._exit(0)
+os.waitpid(pid, 0)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+    kernel = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        cgroups = json.loads(kernel.stdout.readline())
+        assert "memory" in cgroups, cgroups
+        whole, alone = PeakMemory(kernel.pid, cgroups["memory"]), PeakMemory(kernel.pid)
+        whole.start(), alone.start()
+        kernel.stdin.write("go\n")
+        kernel.stdin.flush()
+        assert kernel.stdout.readline().strip() == "done"
+        grown, grown_alone = whole.stop(), alone.stop()
+        assert grown > 150 << 20, f"the cgroup saw {grown / 2**20:.1f} MiB"
+        assert grown_alone < 50 << 20        # what the per-process fallback misses (the README says so)
+    finally:
+        kernel.kill()
+        kernel.wait()
+        for path in set(cgroups.values()):
+            os.rmdir(path)

@@ -215,11 +215,26 @@ def reconcile(chapter, root, student, source_nb, release_nb):
 
 
 def describe(facts):
-    """One line on what confinement held for a submission's kernel."""
+    """One line on what confinement held for a submission's kernel, and what did not (without root,
+    no cgroup can be made; without namespaces, the machine's socket folders stay in view)."""
     if facts is None:
         return "no confined kernel ran"
     if not facts.get("landlock_abi"):
         return "UNCONFINED: this platform has no Landlock; the kernel could read and write as the grader"
-    procs = "pids cgroup" if facts.get("cgroup") else "RLIMIT_NPROC or none"
     network = facts.get("network") or "the machine's"
-    return f"confined (Landlock ABI {facts['landlock_abi']}, processes: {procs}, network: {network})"
+    held = [f"Landlock ABI {facts['landlock_abi']}", f"network: {network}"]
+    missing = []
+    if facts.get("cgroup"):
+        held.append("processes: pids cgroup")
+    else:
+        missing.append("no pids cgroup (not root): RLIMIT_NPROC counts every process of the grader's user")
+    if facts.get("memory_cgroup"):
+        held.append("memory: cgroup, children included")
+    else:
+        missing.append("no memory cgroup (not root): a child process that exits before its case ends is left "
+                       "out of the peak-memory measurement")
+    if facts.get("sockets_hidden"):
+        held.append("Unix socket folders hidden")
+    else:
+        missing.append("no mount namespace: the kernel can connect to a Unix socket whose path it knows")
+    return f"confined ({', '.join(held)})" + (f"; NOT HELD: {'; '.join(missing)}" if missing else "")

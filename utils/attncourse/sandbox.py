@@ -14,9 +14,13 @@ confines itself, for good (every process it starts inherits all of it):
   gloo ranks of chapter 09) and reach nothing else.  Where no namespace can be made, or the
   channels are TCP ports, Landlock lets it bind its own ports and connect to none.  Either way it
   opens no UDP or raw socket (Unix sockets stay: the grading channel is one);
-- **resources** (rlimits, and a pids cgroup where one can be made): address space, file size,
-  open files and processes are bounded, so a memory bomb, a disk filler or a fork loop fails
-  inside the submission instead of hurting the grader or another student;
+- **Unix sockets** (a mount namespace): the folders where services keep their sockets (/tmp,
+  /run, ...) are empty there, with only the kernel's own folders mounted back, so it cannot
+  connect to a database or a daemon whose socket path it knows;
+- **resources** (rlimits, and pids and memory cgroups where they can be made): address space,
+  file size, open files and processes are bounded, so a memory bomb, a disk filler or a fork loop
+  fails inside the submission instead of hurting the grader or another student; the memory cgroup
+  also lets the grading server measure the whole kernel's peak memory, children included;
 - **privileges**: no new privileges, and every capability dropped (root cannot lift its limits).
 
 What was applied is written, as JSON, to ``$ATTNCOURSE_SANDBOX_REPORT`` (if set) before the
@@ -26,7 +30,7 @@ Landlock (macOS, old kernels) the kernel still starts, and the report says it is
 Settings (environment): ATTNCOURSE_SANDBOX_TMP (the private temporary directory, made by the
 grader), ATTNCOURSE_KERNEL_MEMORY_MB (default 6144), ATTNCOURSE_KERNEL_FILE_MB (default 256),
 ATTNCOURSE_KERNEL_PROCS (default 256; enforced by a pids cgroup this launcher makes for itself when
-it runs as root, else by RLIMIT_NPROC), ATTNCOURSE_GRADER_CONTROL (the class grader's control socket).
+it runs as root, else by RLIMIT_NPROC; the memory limit also binds the kernel's memory cgroup), ATTNCOURSE_GRADER_CONTROL (the class grader's control socket).
 """
 import ctypes
 import ctypes.util
@@ -125,14 +129,7 @@ def _private_network():
     if sys.platform != "linux":
         return False
     try:
-        if os.geteuid() == 0:
-            _checked(_libc.unshare(ctypes.c_int(_CLONE_NEWNET)))
-        else:
-            uid, gid = os.geteuid(), os.getegid()
-            _checked(_libc.unshare(ctypes.c_int(_CLONE_NEWUSER | _CLONE_NEWNET)))
-            for name, text in [("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")]:
-                with open(f"/proc/self/{name}", "w") as f:
-                    f.write(text)
+        _unshare(_CLONE_NEWNET)
         import fcntl
         import socket
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -142,6 +139,72 @@ def _private_network():
         return True
     except OSError:
         return False
+
+
+# Folders where a machine keeps its services' Unix sockets (a PostgreSQL gradebook's, Docker's, an
+# X server's, another user's agents).  Landlock cannot stop connect() on a pathname socket, so the
+# kernel gets a mount namespace in which each of these is an empty tmpfs, with only the kernel's own
+# folders (and what it may read) mounted back at their places.
+SOCKET_FOLDERS = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm", "/var/lib", "/var/spool")
+_CLONE_NEWNS, _MS_REC, _MS_PRIVATE, _MS_NOSUID, _MS_NODEV = 0x00020000, 1 << 14, 1 << 18, 2, 4
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT = 428, 429       # the same on x86_64 and aarch64
+_OPEN_TREE_CLONE, _AT_RECURSIVE, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 1, 0x8000, 4, -100
+
+
+def _unshare(flags):
+    """unshare(flags); without root, inside a new user namespace that maps this user to itself."""
+    if os.geteuid() == 0:
+        _checked(_libc.unshare(ctypes.c_int(flags)))
+        return
+    uid, gid = os.geteuid(), os.getegid()
+    _checked(_libc.unshare(ctypes.c_int(_CLONE_NEWUSER | flags)))
+    for name, text in [("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")]:
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def _mount(source, target, fstype, flags, data=None):
+    enc = (lambda x: x.encode() if isinstance(x, str) else x)
+    _checked(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)))
+
+
+def _private_mounts(keep):
+    """Hide SOCKET_FOLDERS behind empty tmpfs mounts in a new mount namespace, mounting each path of
+    ``keep`` (folders or single files, such as the grading channel's socket) back at its place.
+    Return the folders hidden, or [] where no mount namespace may be made."""
+    if sys.platform != "linux":
+        return []
+    hidden = []
+    try:
+        _unshare(_CLONE_NEWNS)
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)       # nothing mounted here reaches the machine
+        for folder in SOCKET_FOLDERS:
+            if os.path.islink(folder) or not os.path.isdir(folder):
+                continue                                       # /var/run is usually a link to /run
+            inside = sorted({os.path.realpath(p) for p in keep
+                             if os.path.realpath(p).startswith(folder.rstrip("/") + "/") and os.path.exists(p)})
+            inside = [p for p in inside if not any(p.startswith(q + "/") for q in inside)]   # outermost only
+            trees = []
+            for path in inside:                                # detached copies, taken before the folder is hidden
+                fd = _syscall(_SYS_OPEN_TREE, ctypes.c_int(_AT_FDCWD), path.encode(),
+                              ctypes.c_uint(_OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC))
+                trees.append((path, fd, os.path.isdir(path)))
+            _mount("tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
+            for path, fd, is_dir in trees:
+                try:
+                    if is_dir:
+                        os.makedirs(path, exist_ok=True)
+                    else:
+                        os.makedirs(os.path.dirname(path), exist_ok=True)
+                        open(path, "w").close()
+                    _syscall(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", ctypes.c_int(_AT_FDCWD), path.encode(),
+                             ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH))
+                finally:
+                    os.close(fd)
+            hidden.append(folder)
+    except OSError:
+        return hidden
+    return hidden
 
 
 # seccomp: socket() may create Unix sockets and TCP sockets (inside the kernel's own network
@@ -186,7 +249,7 @@ def _drop_capabilities():
     return _libc.capset(ctypes.create_string_buffer(header, 8), ctypes.create_string_buffer(data, 24)) == 0
 
 
-def _limits(report):
+def _limits(report, cgroups):
     mb = 1 << 20
     memory = int(os.environ.get("ATTNCOURSE_KERNEL_MEMORY_MB", "6144")) * mb
     file_size = int(os.environ.get("ATTNCOURSE_KERNEL_FILE_MB", "256")) * mb
@@ -196,10 +259,7 @@ def _limits(report):
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     report.update(memory_mb=memory // mb, file_mb=file_size // mb)
-    cgroup = os.environ.get("ATTNCOURSE_SANDBOX_CGROUP")
-    if cgroup and os.path.isdir(cgroup):
-        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:    # this process and its children
-            f.write(str(os.getpid()))
+    if "pids" in cgroups:
         report["processes"] = f"pids cgroup ({procs})"
     elif os.geteuid() != 0:
         # RLIMIT_NPROC counts every process of this user: allow what runs now plus the budget.
@@ -208,6 +268,8 @@ def _limits(report):
         report["processes"] = f"RLIMIT_NPROC (+{procs})"
     else:
         report["processes"] = "unbounded (root without a pids cgroup)"
+    report["memory"] = (f"memory cgroup ({memory // mb} MiB for the kernel and its children)" if "memory" in cgroups
+                        else f"RLIMIT_AS ({memory // mb} MiB per process)")
 
 
 def _owned(pid):
@@ -251,7 +313,7 @@ def read_paths():
     return sorted(paths)
 
 
-def confine(connection_file, cgroup=None):
+def confine(connection_file, cgroups=None):
     """Apply everything, asking the grading server for a channel first; return (connection file
     to use, report dict)."""
     report = {"platform": sys.platform, "landlock_abi": landlock_abi(), "confined": False}
@@ -265,11 +327,18 @@ def confine(connection_file, cgroup=None):
     ipc = info.get("transport") == "ipc"           # channels that need no TCP port in the machine's network
     private_net = ipc and _private_network()
     report["network"] = "private namespace (loopback only)" if private_net else "the machine's"
-    open_channel(tmp, cgroup, report["network"])
+    cwd, control = os.getcwd(), os.environ.get("ATTNCOURSE_GRADER_CONTROL")
+    # The grader's folder of channels stays: it cannot be listed, and each channel wants its token.
+    keep = [cwd, tmp, *read_paths(), *([os.path.dirname(control)] if control else [])]
+    if ipc:
+        keep.append(os.path.dirname(os.path.abspath(info["ip"])))
+    report["socket_folders_hidden"] = _private_mounts(keep)
+    os.chdir(cwd)                                  # through the mount that stays visible
+    open_channel(tmp, cgroups or {}, report)
     _private_home(tmp)
     ports = None if private_net else \
         [] if ipc else [int(info[k]) for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port") if info.get(k)]
-    _limits(report)
+    _limits(report, cgroups or {})
     if _prctl(_PR_SET_NO_NEW_PRIVS, 1) != 0:
         raise OSError(ctypes.get_errno(), "no_new_privs")
     abi = report["landlock_abi"]
@@ -282,13 +351,14 @@ def confine(connection_file, cgroup=None):
         report.update(_landlock(readable, writable, devices, ports, abi))
         report.update(read=readable, write=writable)
     report["socket_filter"] = _seccomp_socket_filter() if sys.platform == "linux" else False
-    # Root, or a user namespace's owner (a private network made without root): no capability kept.
-    report["capabilities_dropped"] = _drop_capabilities() if os.geteuid() == 0 or private_net else "not root"
+    # Root, or a user namespace's owner (namespaces made without root): no capability kept.
+    report["capabilities_dropped"] = (_drop_capabilities() if os.geteuid() == 0 or private_net
+                                      or report["socket_folders_hidden"] else "not root")
     report["confined"] = bool(abi)
     return conn, report
 
 
-def open_channel(tmp, cgroup, network):
+def open_channel(tmp, cgroups, report):
     """Ask the class grader's server for this kernel's grading channel (before confinement).
 
     The server answers only unconfined callers (it checks NoNewPrivs of the connecting process),
@@ -303,8 +373,9 @@ def open_channel(tmp, cgroup, network):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(control)
         rfile, wfile = sock.makefile("rb"), sock.makefile("wb")
-        _wire.send(wfile, {"open": os.getcwd(), "tmp": tmp, "cgroup": cgroup, "landlock_abi": landlock_abi(),
-                           "network": network})
+        _wire.send(wfile, {"open": os.getcwd(), "tmp": tmp, "cgroup": cgroups.get("pids"),
+                           "memory_cgroup": cgroups.get("memory"), "landlock_abi": landlock_abi(),
+                           "network": report["network"], "sockets_hidden": report["socket_folders_hidden"]})
         reply, _ = _wire.recv(rfile)
     if "error" in reply:
         raise SystemExit(f"grading channel refused: {reply['error']}")
@@ -312,24 +383,63 @@ def open_channel(tmp, cgroup, network):
     os.environ["ATTNCOURSE_GRADING_TOKEN"] = reply["token"]
 
 
-def _make_cgroup():
-    """A pids cgroup of its own, where this process may make one (root, cgroup v1 or v2 with pids)."""
-    procs = os.environ.get("ATTNCOURSE_KERNEL_PROCS", "256")
-    for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
-        if not os.path.isdir(base):
-            continue
-        path = os.path.join(base, f"attncourse-kernel-{os.getpid()}")
+def _cgroup_bases():
+    """{controller: the folder of this process's own cgroup for it}, for pids and memory, in cgroup v1
+    (one hierarchy per controller) or v2 (one hierarchy; a controller must be enabled for children)."""
+    mounts, v2 = {}, None
+    for line in open("/proc/self/mounts"):
+        _, point, fstype, opts = line.split()[:4]
+        if fstype == "cgroup":
+            mounts.update((o, point) for o in opts.split(",") if o in ("pids", "memory"))
+        elif fstype == "cgroup2":
+            v2 = point
+    own = {}
+    for line in open("/proc/self/cgroup"):
+        number, controllers, path = line.rstrip("\n").split(":", 2)
+        for c in controllers.split(",") if controllers else ["" if number == "0" else None]:
+            own[c] = path.lstrip("/")
+    bases = {c: os.path.join(mounts[c], own.get(c, "")) for c in ("pids", "memory") if c in mounts and c in own}
+    if v2 is not None and "" in own:
+        unified = os.path.join(v2, own[""])
         try:
-            os.mkdir(path)
-            with open(os.path.join(path, "pids.max"), "w") as f:
-                f.write(procs)
-            return path
+            enabled = open(os.path.join(unified, "cgroup.subtree_control")).read().split()
+        except OSError:
+            enabled = []
+        bases.update((c, unified) for c in ("pids", "memory") if c in enabled and c not in bases)
+    return bases
+
+
+def _make_cgroups():
+    """Cgroups of this kernel's own, where this process may make them (root): {"pids": folder,
+    "memory": folder}.  The pids cgroup bounds the kernel's processes; the memory cgroup bounds the
+    memory of the kernel and every process it starts, and lets the grading server measure their
+    peak from outside (a child process that computes and exits is counted)."""
+    mb = 1 << 20
+    limits = {"pids": [("pids.max", os.environ.get("ATTNCOURSE_KERNEL_PROCS", "256"))],
+              "memory": [(f, str(int(os.environ.get("ATTNCOURSE_KERNEL_MEMORY_MB", "6144")) * mb))
+                         for f in ("memory.limit_in_bytes", "memory.max")]}
+    made, shared = {}, {}
+    for kind, base in _cgroup_bases().items():
+        path = shared.get(base) or os.path.join(base, f"attncourse-kernel-{os.getpid()}")
+        try:
+            if path not in shared.values():
+                os.mkdir(path)
+            if not os.path.exists(os.path.join(path, "cgroup.procs")):   # not a cgroup file system
+                raise OSError("not a cgroup")
+            for name, value in limits[kind]:
+                if os.path.exists(os.path.join(path, name)):
+                    with open(os.path.join(path, name), "w") as f:
+                        f.write(value)
+            if path not in shared.values():
+                with open(os.path.join(path, "cgroup.procs"), "w") as f:   # this process and all it starts
+                    f.write(str(os.getpid()))
+            made[kind] = shared[base] = path
         except OSError:
             try:
                 os.rmdir(path)
             except OSError:
                 pass
-    return None
+    return made
 
 
 def main(argv):
@@ -338,14 +448,13 @@ def main(argv):
     i = argv.index("-f")
     tmp = os.environ.get("ATTNCOURSE_SANDBOX_TMP") or tempfile.mkdtemp(prefix="attncourse-kernel-")
     os.environ["ATTNCOURSE_SANDBOX_TMP"] = tmp
-    cgroup = _make_cgroup() if sys.platform == "linux" and os.geteuid() == 0 else None
-    if cgroup:
-        os.environ["ATTNCOURSE_SANDBOX_CGROUP"] = cgroup
-    conn, report = confine(argv[i + 1], cgroup)
+    cgroups = _make_cgroups() if sys.platform == "linux" and os.geteuid() == 0 else {}
     out = os.environ.pop("ATTNCOURSE_SANDBOX_REPORT", None)
-    if out:
-        with open(out, "w") as f:
-            json.dump(report, f)
+    report_file = open(out, "w") if out else None      # opened now: once confined, its folder may be hidden
+    conn, report = confine(argv[i + 1], cgroups)
+    if report_file:
+        with report_file:
+            json.dump(report, report_file)
     args = argv[:i] + ["-f", conn] + argv[i + 2:]
     os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *args])
 

@@ -52,16 +52,86 @@ def load_chapters():
                 BROKEN[info.name] = f"{type(exc).__name__}: {exc}"
 
 
-def _memory(pid, reset=False):
-    """Resident memory of process ``pid`` (bytes): (current, peak since the last reset)."""
+def _status_kb(pid, field):
     try:
-        if reset:
-            with open(f"/proc/{pid}/clear_refs", "w") as f:
-                f.write("5")                           # resets the peak (VmHWM) to the current size
-        fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
-        return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None, None
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _tree(pid):
+    """``pid`` and its living descendants."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+class PeakMemory:
+    """How much a kernel's memory grows at its highest while one case runs, measured from outside.
+
+    With the kernel's memory cgroup (the launcher makes one when it runs as root), every process of
+    the kernel counts, children that computed and exited included: cgroup v1's max_usage_in_bytes,
+    or v2's memory.peak, reset when the case starts.  Without one, the peak resident memory of each
+    process of the kernel still alive when the case ends (a child that has exited is not seen).
+    """
+
+    def __init__(self, pid, cgroup=None):
+        self.pid, self.cgroup, self.fd, self.base = pid, cgroup, None, None
+
+    def _file(self, name):
+        return os.path.join(self.cgroup, name)
+
+    def start(self):
+        if self.cgroup and os.path.exists(self._file("memory.max_usage_in_bytes")):
+            with open(self._file("memory.max_usage_in_bytes"), "w") as f:
+                f.write("0")                       # resets the peak to the current usage
+            self.base = int(open(self._file("memory.usage_in_bytes")).read())
+        elif self.cgroup and os.path.exists(self._file("memory.peak")):
+            self.fd = os.open(self._file("memory.peak"), os.O_RDWR)
+            os.write(self.fd, b"reset")            # for reads through this descriptor (Linux 6.12+)
+            self.base = int(open(self._file("memory.current")).read())
+        else:
+            for p in _tree(self.pid):
+                try:
+                    with open(f"/proc/{p}/clear_refs", "w") as f:
+                        f.write("5")               # resets the peak (VmHWM) to the current size
+                except OSError:
+                    pass
+            sizes = [_status_kb(p, "VmRSS") for p in _tree(self.pid)]
+            self.base = sum(x for x in sizes if x) if sizes and sizes[0] is not None else None
+        return self.base
+
+    def stop(self):
+        """Growth in bytes since start(), or None where it could not be measured."""
+        try:
+            if self.base is None:
+                return None
+            if self.fd is not None:
+                peak = int(os.pread(self.fd, 64, 0))
+            elif self.cgroup and os.path.exists(self._file("memory.max_usage_in_bytes")):
+                peak = int(open(self._file("memory.max_usage_in_bytes")).read())
+            else:
+                peak = sum(x or 0 for x in (_status_kb(p, "VmHWM") for p in _tree(self.pid)))
+            return peak - self.base
+        except (OSError, ValueError):
+            return None
+        finally:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
 
 
 def _judge(test_id, cases, answer, got, peaks):
@@ -102,8 +172,9 @@ def _first_request(record, test_id):
         fcntl.flock(record.fileno(), fcntl.LOCK_UN)
 
 
-def session(rfile, wfile, peer_pid=None, record=None):
-    """Serve one kernel until it hangs up.  ``record``: a file object each verdict is appended to."""
+def session(rfile, wfile, peer_pid=None, record=None, memory_cgroup=None):
+    """Serve one kernel until it hangs up.  ``record``: a file object each verdict is appended to;
+    ``memory_cgroup``: the kernel's, where its launcher made one (memory is then measured for it whole)."""
     import numpy as np
     import torch
     while True:
@@ -133,12 +204,13 @@ def session(rfile, wfile, peer_pid=None, record=None):
             msg, arr = _wire.recv(rfile)
             if "begin" in msg and int(msg["begin"]) in withheld:
                 i = int(msg["begin"])
-                base, _ = _memory(peer_pid, reset=True)
+                meter = PeakMemory(peer_pid, memory_cgroup)
+                meter.start()
                 _wire.send(wfile, {"case": i}, {f"c{i}/{k}": v for k, v in cases[i].arrays.items()})
                 end, arr = _wire.recv(rfile)
-                _, peak = _memory(peer_pid)
-                if base is not None and peak is not None and end.get("end") == i:
-                    peaks[i] = peak - base
+                growth = meter.stop()
+                if growth is not None and end.get("end") == i:
+                    peaks[i] = growth
                 got.update({k: v for k, v in arr.items() if k.startswith(f"c{i}/")})
                 _wire.send(wfile, {"ok": True})
                 continue
@@ -163,10 +235,10 @@ def _serve_connection(conn, channel):
         return
     _wire.send(wfile, {"ok": True})
     if channel["record"] is None:
-        session(rfile, wfile, peer_pid)
+        session(rfile, wfile, peer_pid, memory_cgroup=channel["memory_cgroup"])
         return
     with open(channel["record"], "a") as record:
-        session(rfile, wfile, peer_pid, record)
+        session(rfile, wfile, peer_pid, record, channel["memory_cgroup"])
 
 
 def _unconfined(pid):
@@ -179,10 +251,10 @@ def _unconfined(pid):
 
 
 class Watch:
-    """One live kernel, seen from outside: its folders, its pids cgroup, its quota."""
+    """One live kernel, seen from outside: its folders, its pids and memory cgroups, its quota."""
 
-    def __init__(self, pid, folders, cgroup):
-        self.pid, self.folders, self.cgroup = pid, folders, cgroup
+    def __init__(self, pid, folders, cgroup, memory_cgroup=None):
+        self.pid, self.folders, self.cgroup, self.memory_cgroup = pid, folders, cgroup, memory_cgroup
         self.disk_limit = int(os.environ.get("ATTNCOURSE_KERNEL_DISK_MB", "1024")) << 20
 
     def alive(self):
@@ -237,9 +309,9 @@ class Watch:
         too (a dead kernel stays in it until its parent reaps it: then try again later)."""
         self.kill()
         shutil.rmtree(self.folders[-1], ignore_errors=True)      # the private temporary directory
-        if self.cgroup:
+        for group in {self.cgroup, self.memory_cgroup} - {None}:
             try:
-                os.rmdir(self.cgroup)
+                os.rmdir(group)
             except FileNotFoundError:
                 pass
             except OSError:
@@ -295,16 +367,19 @@ def serve(control_path, root):
                         with open(record, "w") as f:               # a new attempt starts a new record
                             f.write(json.dumps({"sandbox": {"landlock_abi": req.get("landlock_abi"),
                                                             "cgroup": bool(req.get("cgroup")),
+                                                            "memory_cgroup": bool(req.get("memory_cgroup")),
+                                                            "sockets_hidden": req.get("sockets_hidden", []),
                                                             "network": req.get("network")},
                                                 "forbid": forbid}) + "\n")
+                    memory_cgroup = req.get("memory_cgroup")
                     channel = {"socket": os.path.join(chan_dir, secrets.token_hex(16) + ".sock"),
-                               "token": secrets.token_hex(32), "record": record}
+                               "token": secrets.token_hex(32), "record": record, "memory_cgroup": memory_cgroup}
                     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                     listener.bind(channel["socket"])
                     os.chmod(channel["socket"], 0o666)
                     listener.listen(4)
                     sel.register(listener, selectors.EVENT_READ, channel)
-                    watches[pid] = Watch(pid, [req["open"], req["tmp"]], req.get("cgroup"))
+                    watches[pid] = Watch(pid, [req["open"], req["tmp"]], req.get("cgroup"), memory_cgroup)
                     watches[pid].listener = listener
                     _wire.send(wfile, {"socket": channel["socket"], "token": channel["token"]})
             else:
