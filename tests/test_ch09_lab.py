@@ -424,3 +424,27 @@ def test_the_run_says_which_device_and_why_in_the_learners_language(workdir, mac
     monkeypatch.setitem(i18n._state, "language", "zh")
     assert run_cli(args + ["--out-dir", str(workdir / "b"), "--device", "cpu"], workdir) == 0
     assert "设备 cpu：由 --device cpu 指定" in capsys.readouterr().out.splitlines()
+
+
+def test_the_lab_starts_a_learners_chapter_06_model_as_chapter_06_does():
+    """Chapter 06 applies gpt2_init from outside its GPT class, and the lab imports only the class: the
+    lab applies it.  With PyTorch's default initialisation the tied head starts far above ln V, and
+    the lab says so."""
+    import types
+    import torch.nn.functional as F
+    from attncourse_ref.llm import GPT
+    mine = types.SimpleNamespace(GPT=GPT, __file__="mylab.py")
+    vocab, x = 65, torch.randint(65, (8, 32), generator=torch.Generator().manual_seed(0))
+
+    def first_loss(init):
+        torch.manual_seed(0)
+        cfg = train.Config(n_layer=2, n_head=2, n_embd=64, block_size=32, init=init)
+        logits = train.build_model(cfg, mine, vocab)(x)
+        return cfg, F.cross_entropy(logits[:, :-1].reshape(-1, vocab), x[:, 1:].reshape(-1)).item()
+
+    cfg, loss = first_loss("gpt2")
+    said = []
+    assert abs(loss - math.log(vocab)) < 0.3 and not train.first_loss_warning(loss, vocab, cfg, said.append)
+    cfg, loss = first_loss("mine")
+    assert loss > 2 * math.log(vocab)
+    assert train.first_loss_warning(loss, vocab, cfg, said.append) and "leave out --init mine" in said[0], said

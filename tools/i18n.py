@@ -229,8 +229,9 @@ def message_templates(code, inputs=False):
             continue
         literal = i18n_fidelity.PLACEHOLDER.sub(" ", template)
         words = len(re.findall(r"[A-Za-z]{2,}", literal))
-        # two words, or one word between placeholders ("case {i} {describe}: {reason}", "{what} in {dtype}")
-        if (words >= 2 or (words == 1 and "{" in template)) and " " in literal.strip():
+        # two words, or one word between placeholders ("case {i} {describe}: {reason}", "{what} in {dtype}");
+        # and a space outside the placeholders (a path such as "/proc/{pid}/status" is not a message)
+        if (words >= 2 or (words == 1 and "{" in template)) and " " in i18n_fidelity.PLACEHOLDER.sub("", template).strip():
             out.append((template, node.lineno))
     return sorted(out, key=lambda t: t[1])
 

@@ -12,6 +12,15 @@ import torch
 from torch import nn
 
 
+def gpt2_style_init(m):
+    """Chapter 06's initialisation (``model.apply(gpt2_style_init)``): N(0, 0.02) weights of linear layers
+    and embeddings, zero biases.  GPT-2-style: GPT-2 also scales its residual projections by 1/sqrt(2 N)."""
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, std=0.02)
+    if isinstance(m, nn.Linear) and m.bias is not None:
+        nn.init.zeros_(m.bias)
+
+
 class FallbackGPT(nn.Module):
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, dropout=0.0):
         super().__init__()
@@ -25,17 +34,9 @@ class FallbackGPT(nn.Module):
         self.norm = nn.LayerNorm(n_embd)
         self.head = nn.Linear(n_embd, vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight                  # weight tying
-        self.apply(self._init)
+        self.apply(gpt2_style_init)
         self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(block_size),
                              persistent=False)
-
-    @staticmethod
-    def _init(m):
-        # GPT-2's initialisation: N(0, 0.02) weights, zero biases.
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
 
     def forward(self, idx):
         t = idx.shape[1]

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from . import data as labdata
 from . import hardware, learner
 from ..i18n import translate
-from .fallback import FallbackGPT
+from .fallback import FallbackGPT, gpt2_style_init
 
 
 @dataclasses.dataclass
@@ -50,6 +50,7 @@ class Config:
     code: str = "mylab.py"
     model: str = "mine"                # "mine": class --model-class of --code; "fallback": FallbackGPT
     model_class: str = "GPT"
+    init: str = "gpt2"                 # "gpt2": chapter 06's initialisation applied to your model; "mine": its own
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
@@ -158,8 +159,25 @@ def build_model(cfg, lab, vocab_size):
     else:
         cls = learner.model_class(lab, cfg.model_class)
         learner.check_model(cls)
-    return cls(vocab_size=vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer, n_head=cfg.n_head,
-               n_embd=cfg.n_embd, dropout=cfg.dropout)
+    model = cls(vocab_size=vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                n_embd=cfg.n_embd, dropout=cfg.dropout)
+    if cfg.model != "fallback" and cfg.init == "gpt2":
+        # Chapter 06 applies gpt2_init from outside the class, and the lab imports only the class:
+        # PyTorch's default N(0, 1) embeddings, read back by the tied head, would start near 86 nats.
+        model.apply(gpt2_style_init)
+    return model
+
+
+def first_loss_warning(loss, vocab_size, cfg, say):
+    """Say so when the first loss is far above ln V, what a model that guesses uniformly scores."""
+    uniform = math.log(vocab_size)
+    if math.isfinite(loss) and loss <= 2 * uniform:
+        return False
+    how = ("initialise it as chapter 06 does (leave out --init mine)" if cfg.init == "mine"
+           else "look at how your embedding and output head start")
+    say(f"warning: the first loss is {loss:.1f} nats, far above ln V = {uniform:.2f} (a uniform guess): the model "
+        f"starts out confident and wrong, and spends its first steps undoing that; {how}")
+    return True
 
 
 def embedding_params(model, vocab_size):
@@ -506,6 +524,8 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
         step += 1
         if bar:
             bar.update(1)
+        if step == 1 and rt.main:
+            first_loss_warning(float(loss_sum) / (tokens_per_step // rt.world_size), vocab_size, cfg, say)
         if step == first_step + 1:                          # the first step warms up (compilation, caches):
             mark_time, mark_step = time.perf_counter(), step   # leave it out of the throughput
         if fit_steps and step == first_step + CALIBRATION_STEPS:
@@ -573,11 +593,12 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
 
 # ---- command line --------------------------------------------------------------------------------
 
-CHOICES = {"model": ["mine", "fallback"], "device": list(hardware.DEVICES), "compile": ["auto", "on", "off"],
+CHOICES = {"model": ["mine", "fallback"], "init": ["gpt2", "mine"], "device": list(hardware.DEVICES), "compile": ["auto", "on", "off"],
            "dtype": ["auto", "float32", "bfloat16", "float16"], "progress": ["auto", "on", "off"]}
 HELP = {
     "code": "your module (written by the notebook's export cell)",
     "model": "mine: the class --model-class of --code; fallback: attncourse.lab.FallbackGPT",
+    "init": "gpt2: chapter 06's initialisation applied to your model (N(0, 0.02) weights, zero biases); mine: your class's own",
     "model_class": "the name of your model class in --code",
     "vocab_size": "0: the corpus's characters; larger pads the table (GPT-2: 50304)",
     "batch_size": "rows per process per micro-step",
