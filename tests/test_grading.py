@@ -38,6 +38,37 @@ def test_compare_explains_shape_dtype_and_value_errors():
     assert "bool" in compare(_case(b), [np.array([[1.0, 0.0]])])
     assert "differ" in compare(_case(b), [np.array([[True, True]])])
     assert "NaN" in compare(_case(e), [np.full((2, 3), np.nan, dtype=np.float32)])
+    i = [np.array([3, 1], dtype=np.int64)]                    # integer results: values and dtype
+    assert compare(_case(i), [np.array([3, 1], dtype=np.int64)]) is None
+    assert "integer result" in compare(_case(i), [np.array([3.0, 1.0])])
+    assert "integer result" in compare(_case(i), [np.array([3, 1], dtype=np.int32)])
+    assert compare(_case([np.asarray(7)]), [np.asarray(7.0)]) is not None      # a Python float for an int
+
+
+def test_client_checks_inputs_generators_and_training_mode():
+    """Function cases fail a submission that changes its inputs in place; a generator crosses the wire as
+    its seed (a fresh one on the other side); module cases with train_seed run in training mode."""
+    from attncourse_ref.grading import function_case, judged_case, module_case
+    x = torch.arange(4.0, dtype=torch.float64)
+    case = function_case(torch.neg, [x])
+
+    def neg_in_place(t):
+        return t.neg_()
+    with pytest.raises(autograde.InputChanged):
+        autograde._run_case(0, case.call, {f"c0/{k}": v for k, v in case.arrays.items()}, neg_in_place)
+    g = _wire.decode_value(_wire.encode_value(torch.Generator().manual_seed(42), {}, "g"), {}, "p")
+    assert torch.equal(torch.rand(3, generator=g), torch.rand(3, generator=torch.Generator().manual_seed(42)))
+    rand = judged_case([torch.Generator().manual_seed(1)], judge=lambda got: None, repeat=2)
+    arrays = {f"c0/{k}": v for k, v in rand.arrays.items()}
+    same = autograde._run_case(0, rand.call, arrays, lambda gen: torch.rand(5, generator=gen))
+    assert rand.judge(same) is None
+    assert "same seed" in rand.judge(autograde._run_case(0, rand.call, arrays, lambda gen: torch.rand(5)))
+    drop = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Dropout(0.5)).double()
+    train = module_case(drop, {}, [torch.ones(3, 6, dtype=torch.float64)], train_seed=7)
+    assert not drop.training and (train.expected[0] == 0).any()         # dropout was active, then eval again
+    got = autograde._run_case(0, train.call, {f"c0/{k}": v for k, v in train.arrays.items()},
+                              lambda: torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Dropout(0.5)))
+    assert compare(train, got) is None
 
 
 def test_cases_are_reproducible_and_salted(monkeypatch):

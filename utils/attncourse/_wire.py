@@ -60,6 +60,9 @@ def encode_value(value, arrays, key):
         return {"a": key}
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"v": value}
+    if isinstance(value, torch.Generator):
+        # A fresh generator with this seed on the other side (send only freshly seeded ones).
+        return {"g": value.initial_seed()}
     if isinstance(value, (list, tuple)):
         return {"l": [encode_value(v, arrays, f"{key}.{i}") for i, v in enumerate(value)],
                 "tuple": isinstance(value, tuple)}
@@ -78,6 +81,8 @@ def decode_value(ref, arrays, prefix):
         return tuple(items) if ref.get("tuple") else items
     if "d" in ref:
         return {k: decode_value(v, arrays, prefix) for k, v in ref["d"].items()}
+    if "g" in ref:
+        return torch.Generator().manual_seed(ref["g"])
     return ref["v"]
 
 

@@ -74,7 +74,37 @@ def _decode(ref, arrays, prefix):
     return _wire.decode_value(ref, arrays, prefix)
 
 
+class InputChanged(Exception):
+    """The submission changed one of its tensor arguments in place (the exercises leave their inputs alone)."""
+
+
 def _run_case(i, call, arrays, candidate):
+    """The case's outputs; a case with ``repeat`` n runs n times, each with freshly decoded arguments
+    (fresh generators with the same seed) after a different global seed, and returns all the outputs:
+    a submission that draws with the generator it is given returns the same n times."""
+    if call.get("repeat"):
+        out = []
+        for r in range(call["repeat"]):
+            torch.manual_seed(1000 + 7919 * r)           # the global RNG differs between the runs
+            out += _run_case_once(i, call, arrays, candidate)
+        return out
+    return _run_case_once(i, call, arrays, candidate)
+
+
+def _check_unchanged(call, arrays, p, args, kwargs):
+    """Raise InputChanged if a tensor argument no longer holds what was sent."""
+    named = [(f"argument {j}", ref, a) for j, (ref, a) in enumerate(zip(call["args"], args))]
+    named += [(f"argument {k}", call["kwargs"][k], v) for k, v in kwargs.items()]
+    for name, ref, value in named:
+        if "a" in ref and isinstance(value, torch.Tensor):
+            sent = arrays[f"{p}/{ref['a']}"]
+            now = value.detach().cpu().numpy()
+            if now.shape != sent.shape or not np.array_equal(now, sent, equal_nan=sent.dtype.kind == "f"):
+                raise InputChanged(f"{name} was changed in place; the function must leave its inputs unchanged "
+                                   "(build new tensors, or work on a copy)")
+
+
+def _run_case_once(i, call, arrays, candidate):
     from .layers import make_layer
     p = f"c{i}"
     args = [_decode(a, arrays, p) for a in call["args"]]
@@ -85,16 +115,24 @@ def _run_case(i, call, arrays, candidate):
             args[j] = args[j].requires_grad_(True)
     if call["kind"] == "function":
         out = _raised(candidate, args, kwargs, call["raises"]) if call.get("raises") else candidate(*args, **kwargs)
+        if not call.get("raises"):
+            _check_unchanged(call, arrays, p, args, kwargs)
     elif call["kind"] == "module":
         module = candidate(**call["init"]).to(getattr(torch, call["dtype"]))
         state = {name: torch.from_numpy(arrays[f"{p}/{key}"].copy()) for name, key in call["state"].items()}
         _load_state(module, state)
         module.eval()
+        if "train_seed" in call:
+            # Training mode (dropout active): the same global seed as the reference's call, so that
+            # the module's nn.Dropout layers, used in the order of the computation, draw the same masks.
+            module.train()
+            torch.manual_seed(call["train_seed"])
         with torch.no_grad():
             out = module(*args, **kwargs)
     elif call["kind"] == "layer":
         layer = make_layer(call["layer"], torch.from_numpy(arrays[f"{p}/{call['weight']}"].copy()))
         out = candidate(layer, *args, **kwargs)
+        _check_unchanged(call, arrays, p, args, kwargs)
     elif call["kind"] == "module_grad":
         # As "module", with autograd on, so the case's "grad" can ask for input gradients.
         module = candidate(**call["init"]).to(getattr(torch, call["dtype"]))

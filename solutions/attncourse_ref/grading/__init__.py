@@ -17,8 +17,9 @@ import torch
 from attncourse import _wire
 
 # Tolerances per dtype: (rtol, atol).  Cases are small (a few hundred terms per sum), so
-# float32 rounding stays well inside 1e-4 relative; float64 must agree almost to the bit.
-TOLERANCE = {np.dtype("float32"): (1e-4, 1e-5), np.dtype("float64"): (1e-7, 1e-9)}
+# float32 rounding stays well inside 1e-4 relative; float64 must agree almost to the bit (1e-9:
+# a float32 computation of float64 inputs, off by about 1e-7, fails).
+TOLERANCE = {np.dtype("float32"): (1e-4, 1e-5), np.dtype("float64"): (1e-9, 1e-12)}
 
 REGISTRY = {}
 FORBID = {}
@@ -106,18 +107,28 @@ def function_case(fn, args, kwargs=None, *, rng=None, grad_args=(), grad_outputs
     return Case(call, arrays, expected, describe or _describe_call(args, kwargs), tol or {})
 
 
-def module_case(module, init, args, kwargs=None, *, describe="", tol=None):
-    """Build the submission's module with ``init``, load ``module``'s weights into it, call it."""
+def module_case(module, init, args, kwargs=None, *, describe="", tol=None, train_seed=None):
+    """Build the submission's module with ``init``, load ``module``'s weights into it, call it.
+
+    With ``train_seed``, both sides call it in training mode right after torch.manual_seed(train_seed):
+    dropout is active and, drawn through the module's own nn.Dropout layers in the order of the
+    computation, gives the same masks on both sides."""
     kwargs = kwargs or {}
     module.eval()
+    if train_seed is not None:
+        module.train()
     arrays = {}
     dtype = next(module.parameters()).dtype
     call = {"kind": "module", "init": init, "dtype": str(dtype).replace("torch.", ""),
             "state": {name: _encode(t, arrays, f"state.{name}")["a"] for name, t in module.state_dict().items()},
             "args": [_encode(a, arrays, f"arg{i}") for i, a in enumerate(args)],
             "kwargs": {k: _encode(v, arrays, f"kw_{k}") for k, v in kwargs.items()}}
+    if train_seed is not None:
+        call["train_seed"] = int(train_seed)
+        torch.manual_seed(int(train_seed))
     with torch.no_grad():
         expected = _flatten(module(*args, **kwargs))
+    module.eval()
     text = describe or f"{type(module).__name__}({', '.join(f'{k}={v}' for k, v in init.items())}) on " + _describe_call(args, kwargs)
     return Case(call, arrays, expected, text, tol or {})
 
@@ -168,6 +179,9 @@ def compare(case, got):
                 return (f"{what} differs from the reference: max abs error of order {_order(float(err.max()))} "
                         f"at index {tuple(int(x) for x in worst)} (tolerance rtol={rtol:g}, atol={atol:g}){nans}")
             continue
+        if e.dtype.kind in "iu" and g.dtype != e.dtype:
+            # Integer results (ids, counts, indices): a float tensor of the right values is not one.
+            return f"{what} has dtype {g.dtype}, expected {e.dtype} (an integer result)"
         if g.shape != e.shape or not np.array_equal(g, e):
             return f"{what} differs from the reference"
     return None
@@ -233,7 +247,7 @@ def ranks_case(fn, per_rank_args, *, describe="", tol=None):
     return Case(call, arrays, expected, text, tol or {})
 
 
-def judged_case(args, kwargs=None, *, judge, describe=""):
+def judged_case(args, kwargs=None, *, judge, describe="", repeat=1):
     """A call ``fn(*args, **kwargs)`` decided by ``judge(outputs) -> None or the reason`` (outputs: the
     flattened list of numpy arrays) instead of by the reference's outputs: for exercises whose random
     draws are free, graded by properties and statistics with stated tolerances (chapter 06's sampler
@@ -244,8 +258,26 @@ def judged_case(args, kwargs=None, *, judge, describe=""):
             "args": [_encode(a, arrays, f"arg{i}") for i, a in enumerate(args)],
             "kwargs": {k: _encode(v, arrays, f"kw_{k}") for k, v in kwargs.items()}}
     case = Case(call, arrays, [], describe or _describe_call(args, kwargs))
-    case.judge = judge
+    case.judge = judge if repeat == 1 else _same_every_time(judge, repeat)
+    if repeat > 1:
+        call["repeat"] = repeat
     return case
+
+
+def _same_every_time(judge, repeat):
+    """A judge for a case run ``repeat`` times with generators of the same seed (the global RNG
+    reseeded differently before each run): every run must return the same, then ``judge`` decides."""
+    def same(got):
+        if len(got) % repeat:
+            return f"expected the same number of values from each of the {repeat} calls"
+        n = len(got) // repeat
+        runs = [got[r * n:(r + 1) * n] for r in range(repeat)]
+        if any(len(a) != len(b) or any(x.shape != y.shape or not np.array_equal(x, y) for x, y in zip(a, b))
+               for a, b in zip(runs, runs[1:])):
+            return (f"{repeat} calls with generators of the same seed gave different results: draw every random "
+                    "number from the generator argument, not from torch's global random state")
+        return judge(runs[0])
+    return same
 
 
 def loader_case(fn, module, args, kwargs=None, *, describe="", tol=None):

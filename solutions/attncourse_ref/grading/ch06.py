@@ -12,6 +12,11 @@ from .. import llm as ref
 from . import fixed, function_case, hidden_test, judged_case, loader_case, module_case
 
 DTYPES = [torch.float32, torch.float64]
+
+
+def _mostly64(i):
+    """float64 in two cases of three: a float32 computation of float64 inputs fails most cases."""
+    return torch.float32 if i % 3 == 1 else torch.float64
 from attncourse.checks.ch06 import NO_MHA  # noqa: E402
 
 TEXTS = [
@@ -71,8 +76,28 @@ def merge_pair(rng):
     for _ in range(4):
         ids = [int(i) for i in rng.integers(0, 4, size=int(rng.integers(5, 30)))]
         pair = (int(rng.integers(0, 4)), int(rng.integers(0, 4)))
-        cases.append(function_case(ref.merge_pair, [ids, pair, int(rng.integers(256, 400))]))
+        cases.append(function_case(ref.merge_pair, [_with_lookalikes(rng, ids, pair), pair, int(rng.integers(256, 400))]))
+    # Ids of several digits (tokens made by earlier merges, up to 50,000): an id is a number, not a string
+    # of digits or characters; (1, 2) must not match inside 21 or 12.
+    for pair in [(1, 2), (11, 1), (256, 300), (5, 5), (1234, 56), (0, 10), (99, 9),
+                 (int(rng.integers(256, 50_000)), int(rng.integers(256, 50_000)))]:
+        ids = [int(i) for i in rng.integers(0, 3000, size=int(rng.integers(8, 30)))]
+        ids[3:5] = list(pair)                                 # at least one real occurrence
+        cases.append(function_case(ref.merge_pair, [_with_lookalikes(rng, ids, pair), pair,
+                                                    int(rng.integers(256, 60_000))]))
     return cases
+
+
+def _with_lookalikes(rng, ids, pair):
+    """``ids`` with look-alikes of ``pair`` inserted: ids whose decimal digits end with pair[0]'s and
+    begin with pair[1]'s (91, 27 for (1, 2)), next to each other and next to real halves of the pair, and one more real pair."""
+    a, b = (str(x) for x in pair)
+    before, after = int("9" + a), int(b + "7")
+    out = list(ids)
+    for look in ([before, after], [before, pair[1]], list(pair), [pair[0], after], [before, int(b + "0")]):
+        at = int(rng.integers(0, len(out) + 1))
+        out[at:at] = look
+    return out
 
 
 @hidden_test("ch06.bpe_train")
@@ -94,6 +119,13 @@ def bpe_encode(rng):
     cases = [function_case(ref.bpe_encode, [t, merges]) for t in texts]
     cases.append(function_case(ref.bpe_encode, [TEXTS[1], merges[:5]]))
     cases.append(function_case(ref.bpe_encode, [TEXTS[2], ref.bpe_train(TEXTS[2], 6)]))
+    # Many merges over a small alphabet: merges overlap and build on each other, so only applying them in
+    # the order they were learned gives these ids (not merging the leftmost mergeable pair first).
+    for _ in range(8):
+        corpus = "".join(_pick(rng, list("abc ")) for _ in range(400))
+        merges = ref.bpe_train(corpus, int(rng.integers(20, 40)))
+        text = "".join(_pick(rng, list("abc ")) for _ in range(int(rng.integers(40, 80))))
+        cases.append(function_case(ref.bpe_encode, [text, merges]))
     return cases
 
 
@@ -264,7 +296,7 @@ def load_gpt2(rng):
 def lm_loss(rng):
     cases = []
     for i in range(8):
-        dtype = DTYPES[i % 2]
+        dtype = _mostly64(i)
         b, t, v = int(rng.integers(1, 5)), int(rng.integers(2, 9)), int(rng.integers(3, 12))
         logits = torch.from_numpy(rng.standard_normal((b, t, v)) * 2).to(dtype)
         idx = torch.from_numpy(rng.integers(1, v, size=(b, t)))
@@ -286,7 +318,7 @@ def _logits(rng, shape, dtype, integer=False):
 def sampling(rng):
     cases = []
     for i in range(10):
-        dtype = DTYPES[i % 2]
+        dtype = _mostly64(i)
         shape = _pick(rng, [(7,), (3, 9), (2, 2, 6)])
         temperature = _pick(rng, [0.5, 0.8, 1.0, 1.7])
         top_k = None if i < 3 else int(rng.integers(1, shape[-1] + 2))
@@ -320,19 +352,63 @@ def top_p(rng):
     ties = torch.log(torch.tensor([0.2, 0.3, 0.2, 0.3], dtype=torch.float64))
     cases.append(function_case(ref.next_token_probs, [ties], {"top_p": 0.25}))
     cases.append(function_case(ref.next_token_probs, [ties], {"top_p": 0.7}))
-    for i in range(6):
-        dtype = DTYPES[i % 2]
+    for i in range(4):
+        dtype = _mostly64(i)
         logits = _logits(rng, _pick(rng, [(8,), (3, 10)]), dtype)
         kwargs = {"temperature": _pick(rng, [0.7, 1.0, 1.5])}
-        if i >= 4:
+        if i >= 2:
             kwargs["top_k"] = int(rng.integers(2, 6))
         probs = ref.next_token_probs(logits.double(), kwargs["temperature"], kwargs.get("top_k"))
         kwargs["top_p"] = _safe_top_p(rng, probs)
         cases.append(function_case(ref.next_token_probs, [logits], kwargs))
+    # Long rows (more than 16 tokens: PyTorch's sort keeps tied values in order there only when asked to
+    # be stable) of integer logits, with top_p crossed inside a group of tied tokens: the lower ids stay.
+    for i in range(10):
+        cases.append(_tied_top_p_case(rng, _mostly64(i), top_k=int(rng.integers(18, 30)) if i % 4 == 3 else None))
     return cases
 
 
-def _sample_judge(probs, n_rows_stat, tol):
+def _tied_top_p_case(rng, dtype, top_k=None):
+    while True:
+        n = int(rng.integers(20, 40))
+        # integer logits times a scale that float32 cannot hold exactly: ties stay ties
+        logits = (_logits(rng, _pick(rng, [(n,), (2, n)]), torch.float64, integer=True)
+                  * float(rng.uniform(1.5, 2.5))).to(dtype)
+        kwargs = {"temperature": _pick(rng, [0.8, 1.0, 2.0])}
+        if top_k is not None:
+            kwargs["top_k"] = top_k
+        probs = ref.next_token_probs(logits.double(), kwargs["temperature"], top_k)
+        ranked = torch.sort(probs.reshape(-1, n)[0], descending=True, stable=True).values
+        sums = [0.0] + ranked.cumsum(0).tolist()
+        # places j where the token that crosses top_p ties with the next one, and top_p fits strictly inside
+        inside = [j for j in range(n - 1) if ranked[j] == ranked[j + 1] > 0 and sums[j + 1] - sums[j] > 4e-3
+                  and sums[j] > 0]
+        if not inside:
+            continue
+        j = int(inside[int(rng.integers(len(inside)))])
+        top_p = float(rng.uniform(sums[j] + 1e-3, sums[j + 1] - 1e-3))
+        every = torch.sort(probs, dim=-1, descending=True, stable=True).values.cumsum(-1).flatten().tolist()
+        # ... and where the order of the tied tokens decides what is kept (an unstable sort keeps others)
+        ranked, order = torch.sort(probs, dim=-1, descending=True)
+        unstable = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, ranked.cumsum(-1) - ranked < top_p)
+        if all(abs(top_p - c) > 1e-3 for c in every) and \
+                bool((unstable != (ref.next_token_probs(probs.log(), top_p=top_p) > 0)).any()):
+            return function_case(ref.next_token_probs, [logits], {**kwargs, "top_p": top_p})
+
+
+def chi2_limit(df, z=4.753):
+    """The chi-square statistic that an honest draw exceeds with probability 1e-6 (z = 4.753), by
+    Wilson and Hilferty's approximation (within 1% of the exact quantile for df >= 1)."""
+    a = 2 / (9 * df)
+    return df * (1 - a + z * math.sqrt(a)) ** 3
+
+
+def _chi2(counts, expected):
+    keep = expected > 0
+    return float((((counts - expected) ** 2)[keep] / expected[keep]).sum()), int(keep.sum()) - 1
+
+
+def _sample_judge(probs, n_rows_stat):
     probs = probs.numpy()
 
     def judge(got):
@@ -349,30 +425,41 @@ def _sample_judge(probs, n_rows_stat, tol):
         if (rows[np.arange(len(flat)), flat] == 0).any():
             return "some drawn tokens have probability 0"
         if n_rows_stat:
-            freq = np.bincount(flat, minlength=rows.shape[-1]) / len(flat)
-            worst = float(np.abs(freq - rows[0]).max())
-            if worst > tol:
+            counts = np.bincount(flat, minlength=rows.shape[-1]).astype(float)
+            stat, df = _chi2(counts, rows[0] * len(flat))
+            if stat > chi2_limit(df):
+                freq = counts / len(flat)
                 return (f"over {len(flat):,} draws from the same row, the frequencies {np.round(freq, 3).tolist()} "
-                        f"differ from the probabilities {np.round(rows[0], 3).tolist()} by up to {worst:.3f} "
-                        f"(tolerance {tol})")
+                        f"do not follow the probabilities {np.round(rows[0], 3).tolist()} (chi-square {stat:.0f} "
+                        f"with {df} degrees of freedom; an honest sampler exceeds {chi2_limit(df):.0f} once in a million)")
         return None
     return judge
 
 
+def _seeded(rng):
+    return torch.Generator().manual_seed(int(rng.integers(2**31)))
+
+
 @hidden_test("ch06.sample")
 def sample(rng):
-    """Statistics: 20,000 draws from one distribution match it within 0.02 per token (at least 5.7
-    standard deviations of an honest draw); plus shapes, dtype and that no zero-probability token is
-    ever drawn."""
+    """Every case is called twice with generators of the same seed (torch's global seed differs): the
+    ids must agree. Statistics: 20,000 draws from one distribution pass a chi-square test at the 1e-6
+    level; a sampler that moves 0.015 of probability between two tokens of 0.1 fails it with probability
+    above 0.99. Plus shapes, dtype and that no zero-probability token is ever drawn."""
     cases = []
-    for dtype, row in [(torch.float64, [0.5, 0.0, 0.3, 0.15, 0.05]), (torch.float32, [0.1] * 10)]:
+    long_row = ref.next_token_probs(torch.from_numpy(rng.standard_normal(40)), temperature=0.7, top_k=12, top_p=0.9)
+    for dtype, row in [(torch.float64, [0.5, 0.0, 0.3, 0.15, 0.05]), (torch.float32, [0.1] * 10),
+                       (torch.float64, long_row.tolist())]:
         probs = torch.tensor(row, dtype=dtype).expand(20_000, len(row)).contiguous()
-        cases.append(judged_case([probs], judge=_sample_judge(probs, True, 0.02),
-                                 describe=f"20,000 rows of {row} ({str(dtype)[6:]})"))
+        shown = row if len(row) <= 10 else f"a row of {len(row)} probabilities, {int((long_row > 0).sum())} of them > 0"
+        cases.append(judged_case([probs, _seeded(rng)], judge=_sample_judge(probs, True), repeat=2,
+                                 describe=f"20,000 rows of {shown} ({str(dtype)[6:]}), twice with the same generator seed"))
     probs = ref.next_token_probs(torch.from_numpy(rng.standard_normal((2, 3, 7))), top_k=3)
-    cases.append(judged_case([probs], judge=_sample_judge(probs, False, 0), describe="probs [2, 3, 7] after top-k 3"))
+    cases.append(judged_case([probs, _seeded(rng)], judge=_sample_judge(probs, False), repeat=2,
+                             describe="probs [2, 3, 7] after top-k 3, twice with the same generator seed"))
     one_hot = torch.eye(6, dtype=torch.float64)[torch.from_numpy(rng.integers(0, 6, size=9))]
-    cases.append(judged_case([one_hot], judge=_sample_judge(one_hot, False, 0), describe="one-hot rows [9, 6]"))
+    cases.append(judged_case([one_hot, _seeded(rng)], judge=_sample_judge(one_hot, False), repeat=2,
+                             describe="one-hot rows [9, 6], twice with the same generator seed"))
     return cases
 
 
@@ -380,10 +467,10 @@ def sample(rng):
 SIGMAS = 5        # statistical tolerances: this many standard deviations of an honest draw
 
 
-def _mlm_batch(rng, b, t, vocab_size, n_special=4):
+def _mlm_batch(rng, b, t, vocab_size, n_special=4, words=None):
     """Token ids 0 .. n_special - 1 are special ([PAD], [CLS], [SEP], [MASK] = 3): each row is
-    [CLS] words [SEP] [PAD]..., words drawn from n_special .. vocab_size - 1."""
-    tokens = torch.from_numpy(rng.integers(n_special, vocab_size, size=(b, t)))
+    [CLS] words [SEP] [PAD]..., words drawn from n_special .. (words or vocab_size) - 1."""
+    tokens = torch.from_numpy(rng.integers(n_special, words or vocab_size, size=(b, t)))
     lengths = torch.from_numpy(rng.integers(t // 2, t + 1, size=b))
     pos = torch.arange(t)[None, :]
     tokens[:, 0] = 1
@@ -452,10 +539,16 @@ def _mlm_statistics_judge(tokens, special, mask_id, vocab_size, mlm_prob):
         drawn = got_in[randomised]
         if len(drawn) and (drawn.min() < 0 or drawn.max() >= vocab_size):
             return "random replacements must be token ids in 0 .. vocab_size - 1"
-        spread = SIGMAS * (vocab_size + 1) / math.sqrt(12 * max(len(drawn), 1))      # std of a uniform mean
-        if len(drawn) > 50 and abs(drawn.mean() - (vocab_size - 1) / 2) > spread:
-            return (f"random replacements average {drawn.mean():.1f}; drawn uniformly from 0 .. {vocab_size - 1} "
-                    f"they average {(vocab_size - 1) / 2:.1f}")
+        # Their distribution, not only their mean: ten equal bins of 0 .. V - 1 (the batch's words all lie
+        # in the first twentieth), a chi-square test at the 1e-6 level.
+        edges = np.linspace(0, vocab_size, 11)
+        counts = np.histogram(drawn, bins=edges)[0].astype(float)
+        expected = np.diff(np.ceil(edges)) / vocab_size * len(drawn)
+        stat, df = _chi2(counts, expected)
+        if len(drawn) > 50 and stat > chi2_limit(df):
+            return (f"the {len(drawn)} random replacements are not uniform over 0 .. {vocab_size - 1}: in ten equal "
+                    f"ranges of ids they number {counts.astype(int).tolist()}, expected about "
+                    f"{round(len(drawn) / 10)} each (draw them with torch.randint(vocab_size, ...), not from the batch)")
         return None
     return judge
 
@@ -465,23 +558,28 @@ def mlm_properties(rng):
     cases = []
     for b, t, v in [(4, 12, 30), (16, 64, 1000), (2, 5, 10), (32, 32, 50)]:
         tokens, special = _mlm_batch(rng, b, t, v)
-        cases.append(judged_case([tokens, special, 3, v], judge=_mlm_properties_judge(tokens, special),
-                                 describe=f"tokens {[b, t]} with special positions, vocab_size={v}"))
+        cases.append(judged_case([tokens, special, 3, v], {"generator": _seeded(rng)},
+                                 judge=_mlm_properties_judge(tokens, special), repeat=2,
+                                 describe=f"tokens {[b, t]} with special positions, vocab_size={v}, "
+                                          "twice with the same generator seed"))
     return cases
 
 
 @hidden_test("ch06.mlm_statistics")
 def mlm_statistics(rng):
-    """Over 32,768 positions per case (about 24,000 of them not special) the share chosen, the 80/10/10
-    split and the mean of the random replacements must lie within 5 standard deviations of an honest
-    draw's (e.g. 0.15 +- 0.011 chosen, 0.8 +- 0.033 masked)."""
+    """Over 32,768 positions per case (about 24,000 of them not special) the share chosen and the 80/10/10
+    split must lie within 5 standard deviations of an honest draw's (e.g. 0.15 +- 0.011 chosen, 0.8 +-
+    0.033 masked), and the random replacements must pass a chi-square test of uniformity over the whole
+    vocabulary (the batch's words use only its first twentieth). Each case is called twice with
+    generators of the same seed: the same masking."""
     cases = []
-    for v, p in [(1000, 0.15), (200, 0.3)]:
-        tokens, special = _mlm_batch(rng, 128, 256, v)
-        kwargs = {} if p == 0.15 else {"mlm_prob": p}
-        cases.append(judged_case([tokens, special, 3, v], kwargs,
+    for v, p in [(1000, 0.15), (200, 0.3), (500, 0.15)]:
+        tokens, special = _mlm_batch(rng, 128, 256, v, words=v // 20)
+        kwargs = {"generator": _seeded(rng)} if p == 0.15 else {"mlm_prob": p, "generator": _seeded(rng)}
+        cases.append(judged_case([tokens, special, 3, v], kwargs, repeat=2,
                                  judge=_mlm_statistics_judge(tokens, special, 3, v, p),
-                                 describe=f"tokens [128, 256], vocab_size={v}, mlm_prob={p}"))
+                                 describe=f"tokens [128, 256] (words 4 .. {v // 20 - 1}), vocab_size={v}, mlm_prob={p}, "
+                                          "twice with the same generator seed"))
     return cases
 
 

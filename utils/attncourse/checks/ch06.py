@@ -105,6 +105,10 @@ def check_merge_pair(fn):
     run = call(fn, [7, 7, 7], (7, 7), 300, what="merge_pair([7, 7, 7], (7, 7), 300)")
     if run != [300, 7]:
         fail(f"occurrences must not overlap, scanning left to right: [7, 7, 7] with (7, 7) -> [300, 7], got {run}")
+    many = call(fn, [21, 2, 1, 2, 12], (1, 2), 300, what="merge_pair([21, 2, 1, 2, 12], (1, 2), 300)")
+    if many != [21, 2, 300, 12]:
+        fail(f"merge_pair([21, 2, 1, 2, 12], (1, 2), 300) should be [21, 2, 300, 12], got {many}: ids are whole "
+             "numbers, compare them as numbers, not the digits or characters of their text ((1, 2) is not in 21, 2)")
     for ids, expected in [([], []), ([1], [1]), ([2, 1], [2, 1])]:
         got = call(fn, ids, (1, 2), 256, what=f"merge_pair({ids}, (1, 2), 256)")
         if got != expected:
@@ -167,6 +171,11 @@ def check_bpe_encode(fn):
     if ids != c["encoded_bpe"]:
         fail(f"bpe_encode(text, merges) should be {c['encoded_bpe']}, got {ids}: apply the merges in the "
              "order they were learned (merge i creates 256 + i), each over the whole sequence")
+    order = call(fn, "abc", [(98, 99), (97, 98)], what="bpe_encode('abc', [(98, 99), (97, 98)])")
+    if order != [97, 256]:
+        fail(f"bpe_encode('abc', [(98, 99), (97, 98)]) should be [97, 256]: merge 0 ('b', 'c') is applied first, "
+             f"over the whole sequence, and then no ('a', 'b') is left; you returned {order}. Apply the merges in the "
+             "order they were learned, not by merging the leftmost mergeable pair first")
     counts = [len(call(fn, text, merges[:k], what="bpe_encode")) for k in range(len(merges) + 1)]
     if any(b > a for a, b in zip(counts, counts[1:])):
         fail(f"adding merges must never add tokens; token counts with 0, 1, 2, ... merges: {counts}")
@@ -534,6 +543,9 @@ def check_sampling(fn):
                      "renormalising changes nothing. Divide the logits by T before the softmax")
             if close(p, tensor(c["t07_times"]), atol=tol):
                 fail("you multiplied the logits by the temperature; divide them by it (T < 1 sharpens)")
+            if dtype == torch.float64 and close(p, tensor(c["t07"]), atol=1e-6):
+                fail(f"float64 logits gave probabilities off by {max_error(p, tensor(c['t07'])):.0e}, float32's "
+                     "rounding: they were computed in float32 (.float()?). Keep the logits' dtype throughout")
             fail(f"temperature 0.7: expected {tensor(c['t07']).tolist()}, got {p.tolist()}")
     p = call(fn, logits, top_k=3, what="next_token_probs(logits, top_k=3)")
     kept = (p > 0).sum(-1).tolist()
@@ -582,6 +594,14 @@ def check_top_p(fn):
             fail("probabilities [0.2, 0.3, 0.2, 0.3], top_p=0.25: of the two tokens tied at 0.3 the lower id (1) "
                  "ranks first; sort with torch.sort(..., descending=True, stable=True)")
         fail(f"probabilities [0.2, 0.3, 0.2, 0.3], top_p=0.25 should keep token 1 alone, got {p.tolist()}")
+    # 20 tokens, ten tied at 0.06 (even ids), ten at 0.04: top_p=0.33 keeps six of the ten, the lowest ids.
+    long = torch.tensor([0.06 if i % 2 == 0 else 0.04 for i in range(20)], dtype=torch.float64)
+    p = call(fn, long.log(), top_p=0.33, what="next_token_probs(20 tied logits, top_p=0.33)")
+    kept = [i for i in range(20) if float(p[i]) > 0]
+    if kept != [0, 2, 4, 6, 8, 10]:
+        fail(f"probabilities 0.06 at the ten even ids and 0.04 at the odd ones, top_p=0.33: the first six of the tied "
+             f"0.06 tokens by id stay, [0, 2, 4, 6, 8, 10]; you kept {kept}. Without stable=True, torch.sort orders "
+             "tied values arbitrarily in rows of more than 16 entries: sort with descending=True, stable=True")
     p = call(fn, probs.log().expand(3, 5), top_p=0.6, what="next_token_probs(logits [3, 5], top_p=0.6)")
     expect_tensor(p, "the probabilities", shape=(3, 5))
     ok("top-p: the token that crosses top_p stays, ties go to the lower id, the rest renormalised")
@@ -671,6 +691,15 @@ def check_mlm_statistics(fn):
     if abs(masked - 0.8) > 0.05 or abs(kept - 0.1) > 0.04:
         fail(f"of the chosen positions {masked:.2f} became the mask token and {kept:.2f} stayed; BERT uses 80% "
              "mask, 10% a random token, 10% unchanged")
+    # A batch whose words are ids 4 .. 24 only: random replacements still come from the whole vocabulary.
+    narrow = torch.where(special, tokens, 4 + tokens % 21)
+    inputs, labels = _mlm_call(fn, narrow, special, 4)
+    chosen = (labels != IGNORE) & ~special
+    replaced = inputs[chosen][(inputs[chosen] != 3) & (inputs[chosen] != narrow[chosen])]
+    if len(replaced) >= 20 and float((replaced <= 24).double().mean()) > 0.5:
+        fail(f"in a batch whose words are ids 4 .. 24, {int((replaced <= 24).sum())} of the {len(replaced)} random "
+             "replacements were ids 4 .. 24: draw them uniformly from the whole vocabulary, 0 .. vocab_size - 1 "
+             "(torch.randint(vocab_size, ..., generator=generator)), not from the batch's tokens")
     out = call(fn, tokens, special, 3, 500, mlm_prob=0.3, generator=torch.Generator().manual_seed(3),
                what="mlm_mask(..., mlm_prob=0.3)")
     rate30 = float(((_pair(out, "mlm_mask")[1] != IGNORE) & ~special).sum()) / float((~special).sum())
