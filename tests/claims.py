@@ -95,6 +95,16 @@ CLAIMS = {
               lambda out: max(row(out, "MoE, no load balancing")[:4]) > 50 and max(row(out, "MoE 8 experts, top-2")[:4]) < 45),
     ],
     "ch09": [
+        Claim("Without clipping, AdamW ends with the same weights whether or not the division is there, while SGD's "
+              "weights end far apart", "def accumulation_run(",
+              lambda out: row(out, "AdamW, clip off:")[-1] < 0.01 and row(out, "SGD, clip off:")[-1] > 0.1),
+        Claim("The logged loss is four times too large under both", "def accumulation_run(",
+              lambda out: all(abs(row(out, f"{o}, clip {c}:")[3] / row(out, f"{o}, clip {c}:")[2] - 4) < 0.05
+                              for o in ("SGD", "AdamW") for c in ("at 1", "off"))),
+        Claim("With clipping, the run without the division is clipped on more steps, and AdamW's weights no longer "
+              "agree either", "def accumulation_run(",
+              lambda out: all(row(out, f"{o}, clip at 1:")[1] > row(out, f"{o}, clip at 1:")[0] for o in ("SGD", "AdamW"))
+              and row(out, "AdamW, clip at 1:")[-1] > 0.05),
         Claim("In the same time the CPU mode processes more tokens per second and reaches a lower validation loss",
               'compare.load("recipes")',
               lambda out: row(out, "this lab's CPU mode")[-2] > row(out, "classic minimal-GPT recipe")[-2]
