@@ -390,3 +390,28 @@ def params_dense_router(d_model, n_layers, n_heads, n_kv_heads, d_ffn, vocab_siz
     expert = 3 * d_model * d_ffn
     shared = n_layers * (attention + n_experts * d_model + 2 * d_model) + d_model + 2 * vocab_size * d_model
     return shared + n_layers * n_experts * expert, shared + n_layers * top_k * expert
+
+
+# ---- issue 23: ties in long rows, integer results ------------------------------------------------------------------
+@_add("descending sort without stable=True (ties in long rows)", "top_k_router", ROUTER, "check_top_k_router",
+      "more than 16")
+def router_unstable_sort(logits, k):
+    experts = torch.sort(logits, dim=-1, descending=True).indices[..., :k]
+    return torch.softmax(logits.gather(-1, experts), dim=-1), experts
+
+
+@_add("hidden size as a float (// on a float)", "swiglu_hidden", {"test_swiglu_hidden"}, "check_swiglu_hidden",
+      "Python int")
+def swiglu_hidden_float(d_model, multiple_of=8):
+    return -(-(8 * d_model // 3) // multiple_of) * multiple_of * 1.0
+
+
+@_add("parameter counts as floats (/ instead of //)", "transformer_parameters", P, "check_transformer_parameters",
+      "Python ints")
+def parameters_float(d_model, n_layers, n_heads, n_kv_heads, d_ffn, vocab_size, n_experts=1, top_k=1):
+    kv = n_kv_heads * (d_model / n_heads)
+    attention = 2 * d_model * d_model + 2 * d_model * kv
+    expert = 3 * d_model * d_ffn
+    router = n_experts * d_model if n_experts > 1 else 0
+    shared = n_layers * (attention + router + 2 * d_model) + d_model + 2 * vocab_size * d_model
+    return shared + n_layers * n_experts * expert, shared + n_layers * top_k * expert

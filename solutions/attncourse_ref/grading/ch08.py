@@ -79,18 +79,21 @@ def swiglu(rng):
 @hidden_test("ch08.top_k_router")
 def top_k_router(rng):
     cases = []
-    for i in range(12):
+    for i in range(15):
         lead = LEADING[i % len(LEADING)] + (int(rng.integers(1, 6)),)
-        n_experts = int(rng.integers(2, 10))
-        k = int(rng.integers(1, n_experts + 1)) if i % 4 else 1
+        tied = i % 3 != 0
+        # Tied rows are long (17 to 64 experts): PyTorch sorts ties in index order in rows of up to 16
+        # entries even when not asked to be stable, and in no promised order beyond.
+        n_experts = int(rng.integers(17, 65)) if tied else int(rng.integers(2, 10))
+        k = int(rng.integers(2, 9)) if tied else (int(rng.integers(1, n_experts + 1)) if i % 4 else 1)
         dtype = DTYPES[i % 2]
-        if i % 3 == 1:
+        if tied:
             # Exact ties: small integers, so many tokens have equal logits (some straddling the k-th place).
             logits = torch.from_numpy(rng.integers(-2, 3, size=lead + (n_experts,)).astype(float)).to(dtype)
         else:
             logits = _tensor(rng, lead + (n_experts,), dtype, float(rng.uniform(0.5, 3.0)))
         cases.append(function_case(ref.top_k_router, [logits, k], rng=rng, grad_args=(0,) if i % 2 == 0 else ()))
-    ties = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 2.0, 2.0, 1.0], [3.0, 1.0, 3.0, 3.0]])   # every row tied
+    ties = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 2.0, 2.0, 1.0], [3.0, 1.0, 3.0, 3.0]]).repeat(1, 5)   # 20 experts, every row tied
     cases += [function_case(ref.top_k_router, [ties, 2]), function_case(ref.top_k_router, [ties.double(), 3])]
     big = _tensor(rng, (3, 6), torch.float32, 200.0)   # exponentiating raw logits overflows float32
     cases.append(function_case(ref.top_k_router, [big, 2]))

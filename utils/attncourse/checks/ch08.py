@@ -189,6 +189,12 @@ def check_top_k_router(fn):
         fail(f"with tied logits the lower expert index comes first: rows 1 and 2 should give {want[1:].tolist()}, you "
              f"returned {experts[1:].tolist()}. torch.topk does not promise an order among ties (on CPU it often "
              "breaks them differently); torch.sort(logits, dim=-1, descending=True, stable=True) does")
+    long = torch.tensor([2.0 if i % 3 == 0 else 1.0 for i in range(24)], dtype=torch.float64)
+    _, top = _route(fn, long, 4, "top_k_router(24 logits with ties, 4)")
+    if top.tolist() != [0, 3, 6, 9]:
+        fail(f"24 experts with logit 2 at experts 0, 3, 6, ..., 21 and 1 elsewhere: the top 4 are [0, 3, 6, 9] (ties to "
+             f"the lower index); you returned {top.tolist()}. In rows of more than 16 entries torch.sort without "
+             "stable=True orders tied values arbitrarily: torch.sort(logits, dim=-1, descending=True, stable=True)")
     if not close(gates, tensor(c["gates"])):
         fail(f"the experts are right but the gates differ (max error {max_error(gates, tensor(c['gates'])):.3g}): "
              "gates = softmax of the selected logits, in the same order as the experts")
