@@ -88,6 +88,31 @@ def test_the_chinese_edition_mirrors_every_page_with_the_same_outputs(site):
     assert (HTML / "zh" / "_sources" / "site" / "ch02" / "attention.ipynb").exists()   # the download button
 
 
+def test_every_chapter_page_launches_its_notebook_on_colab_and_binder(site):
+    """Both editions' chapter pages link to Colab and Binder, opening the page's own notebook from the
+    published site (the repository's branch and folder set in _config.yml): the student version, whose
+    set-up cell installs attncourse; and the site carries the binder/ recipe Binder builds it with."""
+    import yaml
+
+    import setup_cell
+    config = yaml.safe_load((nbtools.ROOT / "_config.yml").read_text())
+    repo, buttons = config["repository"], config["launch_buttons"]
+    github = repo["url"].removeprefix("https://github.com/")
+    for page in [p for p in toc_pages() if p.startswith("site/")]:
+        for edition in ("", "zh/"):
+            notebook = f"{edition}{repo['path_to_book']}/{page}.ipynb"
+            html = (HTML / f"{edition}{page}.html").read_text()
+            colab = f"{buttons['colab_url']}/github/{github}/blob/{repo['branch']}/{notebook}"
+            binder = f"{buttons['binderhub_url']}/v2/gh/{github}/{repo['branch']}?urlpath=tree/{notebook}"
+            assert colab in html, f"{edition}{page}: no Colab button opening {notebook}"
+            assert binder in html, f"{edition}{page}: no Binder button opening {notebook}"
+            opened = nbtools.read(HTML / notebook)
+            assert any(c.source == setup_cell.source() for c in opened.cells), f"{notebook}: no set-up cell"
+            assert not any(nbtools.is_test(c) and "BEGIN HIDDEN TESTS" in c.source for c in opened.cells), notebook
+    for f in ("requirements.txt", "postBuild"):
+        assert (HTML / "binder" / f).read_text() == (nbtools.ROOT / "binder" / f).read_text()
+
+
 def test_unchanged_chapters_are_not_executed_again(site):
     res = build()
     assert res.returncode == 0

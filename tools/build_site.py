@@ -119,6 +119,8 @@ def chinese_sources(site_notebooks):
     config["title"] = strings.get(config["title"], config["title"])
     config["exclude_patterns"] = ["_build", ".doctrees", "*.txt"]
     config["sphinx"]["local_extensions"] = {k: str(ROOT / v) for k, v in config["sphinx"]["local_extensions"].items()}
+    if config.get("repository"):      # the launch buttons open the Chinese notebooks, published under zh/
+        config["repository"]["path_to_book"] = "/".join(p for p in ("zh", config["repository"].get("path_to_book", "").strip("/")) if p)
     config["sphinx"]["config"].update(
         language="zh_CN", course_language="zh",
         # jieba segments Chinese for the search index; the glossary's terms are words of its dictionary,
@@ -172,6 +174,10 @@ def main():
     chinese_sources(site_notebooks)
     warnings += jupyter_book(ZH, ZH_HTML, "jupyter-book-zh.log", doctrees=ZH / ".doctrees")
     print(f"Chinese site built in {time.perf_counter() - t0:.1f} s")
+    # Binder builds the environment of the published site's notebooks from the site's own binder/ (see _config.yml).
+    for f in sorted((ROOT / "binder").iterdir()):
+        write_if_changed(HTML / "binder" / f.name, f.read_text(encoding="utf-8"))
+        (HTML / "binder" / f.name).chmod(f.stat().st_mode)
     found = check_no_leaks(HTML)
     if found:
         raise SystemExit("the built site carries solution text: " + "; ".join(f"{f}: {s!r}" for f, s in found[:5]))
