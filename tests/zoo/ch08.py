@@ -50,6 +50,11 @@ def rms_l2(self, x):
     return x / torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True) + self.eps) * self.weight
 
 
+@_add("RMS over all dimensions at once", "rms_norm", RMS, "check_rms_norm", "every dimension")
+def rms_all_dims(self, x):
+    return x / torch.sqrt(x.pow(2).mean() + self.eps) * self.weight
+
+
 @_add("calls PyTorch's rms_norm", "rms_norm", RMS, "check_rms_norm", "may not call")
 def rms_builtin(self, x):
     return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
@@ -97,6 +102,11 @@ def swiglu_gelu(self, x):
 @_add("no activation", "swiglu", SWIGLU, "check_swiglu", "no nonlinearity")
 def swiglu_bilinear(self, x):
     return self.w3(self.w1(x) * self.w2(x))
+
+
+@_add("silu of the product", "swiglu", SWIGLU, "check_swiglu", "silu to the product")
+def swiglu_silu_of_product(self, x):
+    return self.w3(F.silu(self.w1(x) * self.w2(x)))
 
 
 # ---- top_k_router ----------------------------------------------------------------------------------------------
@@ -269,6 +279,38 @@ def moe_capacity_no_k(self, x):
     return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
 
 
+@_add("MoE capacity rounded down", "moe", {"test_moe_capacity"}, "check_moe_capacity", "you rounded it down")
+def moe_capacity_floor(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    gates, experts = top_k_router(logits, self.k)
+    keep = torch.ones_like(experts, dtype=torch.bool)
+    if self.capacity_factor is not None:
+        keep = capacity_mask(experts, self.n_experts, int(self.capacity_factor * tokens.shape[0] * self.k / self.n_experts))
+    y = torch.zeros_like(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where((experts == e) & keep)
+        y.index_add_(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+@_add("MoE capacity from the last leading dimension's tokens", "moe", {"test_moe_capacity"}, "check_moe_capacity",
+      "over all leading dimensions")
+def moe_capacity_last_dim(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    gates, experts = top_k_router(logits, self.k)
+    keep = torch.ones_like(experts, dtype=torch.bool)
+    if self.capacity_factor is not None:
+        n = x.shape[-2] if x.dim() > 1 else 1
+        keep = capacity_mask(experts, self.n_experts, math.ceil(self.capacity_factor * n * self.k / self.n_experts))
+    y = torch.zeros_like(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where((experts == e) & keep)
+        y.index_add_(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
 # ---- load_balancing_loss --------------------------------------------------------------------------------------------
 LB = {"test_load_balancing_loss"}
 
@@ -314,6 +356,16 @@ def lb_detached(logits, experts):
     return n_experts * (f * probs.mean(0)).sum()
 
 
+@_add("f from the logits' own top-k, not from experts", "load_balancing_loss", LB, "check_load_balancing_loss",
+      "recomputed the top-k")
+def lb_recomputed_top_k(logits, experts):
+    n_experts, k = logits.shape[-1], experts.shape[-1]
+    probs = torch.softmax(logits.reshape(-1, n_experts), dim=-1)
+    chosen = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k]
+    f = torch.bincount(chosen.reshape(-1), minlength=n_experts).to(logits.dtype) / chosen.numel()
+    return n_experts * (f * probs.mean(0)).sum()
+
+
 # ---- router_z_loss ------------------------------------------------------------------------------------------------
 Z = {"test_router_z_loss"}
 
@@ -331,6 +383,11 @@ def z_no_square(logits):
 @_add("z-loss of the max logit", "router_z_loss", Z, "check_router_z_loss", "torch.logsumexp")
 def z_max(logits):
     return logits.max(dim=-1).values.pow(2).mean()
+
+
+@_add("z-loss squared after the mean", "router_z_loss", Z, "check_router_z_loss", "squared after averaging")
+def z_square_after_mean(logits):
+    return torch.logsumexp(logits, dim=-1).mean().pow(2)
 
 
 @_add("log-sum-exp by hand (overflows)", "router_z_loss", Z, "check_router_z_loss", "overflow")

@@ -150,8 +150,10 @@ def compare(case, got):
     exp = case.expected
     if len(got) != len(exp):
         return f"expected {len(exp)} returned value(s) (plus gradients), got {len(got)}"
+    outputs = len(exp) - len(case.call.get("grad", {}).get("args", []))      # the call's own outputs, then gradients
     for i, (g, e) in enumerate(zip(got, exp)):
-        what = f"returned value {i}" if i < len(exp) - len(case.call.get("grad", {}).get("args", [])) else "the gradient"
+        # One output (a loss, a count) is "your value"; of several, the message says which.
+        what = ("your value" if outputs == 1 else f"returned value {i}") if i < outputs else "the gradient"
         if g.shape != e.shape:
             return f"{what} has shape {list(g.shape)}, expected {list(e.shape)}"
         if case.call.get("raises"):

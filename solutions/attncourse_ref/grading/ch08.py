@@ -232,6 +232,7 @@ def _rms_variants(x, weight, eps):
             "mean_subtracted": centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight,
             "eps_outside": x / (torch.sqrt(ms) + eps) * weight,
             "no_weight": x / torch.sqrt(ms + eps),
+            "all_dims": x / torch.sqrt(x.pow(2).mean() + eps) * weight,
             "l2_norm": x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps) * weight}
 
 
@@ -267,6 +268,7 @@ def _check_data():
               "mistakes": {"gate_swapped": _swiglu_with(sw, xs, F.silu, "w1"),
                            "sigmoid_gate": _swiglu_with(sw, xs, torch.sigmoid, "w2"),
                            "no_gate": sw.w3(sw.w1(xs) * sw.w2(xs)),
+                           "silu_of_product": sw.w3(F.silu(sw.w1(xs) * sw.w2(xs))),
                            "gelu_gate": _swiglu_with(sw, xs, F.gelu, "w2")}}
     hidden = {f"{d},{m}": ref.swiglu_hidden(d, m) for d, m in [(64, 8), (4096, 256), (4, 2), (100, 7), (768, 32)]}
 
@@ -317,29 +319,35 @@ def _check_data():
            "lonely_init": {"d_model": 3, "d_hidden": 5, "n_experts": 6, "k": 1},
            "lonely_state": dict(lonely.state_dict()), "lonely_x": xl, "lonely_output": lonely(xl)[0]}
 
-    # Capacity in the layer: a popular expert overflows at capacity_factor 1.0 (capacity 3 of 6 tokens).
+    # Capacity in the layer: 9 tokens in [3, 3, 4], k = 2 of 4 experts, capacity_factor 1.0: the capacity is
+    # ceil(9 * 2 / 4) = ceil(4.5) = 5 (rounding down gives 4, leaving out k 3, counting only the last leading
+    # dimension's 3 tokens 2: each a different output), and two popular experts overflow.
     torch.manual_seed(3)
     tight = ref.MoE(4, 6, 4, 2, capacity_factor=1.0).double()
     with torch.no_grad():
-        tight.router.weight[1] += torch.tensor([2.0, -2.0, 2.0, -2.0], dtype=torch.float64)
-    xt = fixed((2, 3, 4), 8)
+        tight.router.weight[1] -= torch.tensor([2.0, -2.0, 2.0, -2.0], dtype=torch.float64)
+    xt = fixed((3, 3, 4), 8)
     yt, lt = tight(xt)
     loose = ref.MoE(4, 6, 4, 2).double()
     loose.load_state_dict(tight.state_dict())
     ft = xt.reshape(-1, 4)
     gt, et = ref.top_k_router(ft @ tight.router.weight.T, 2)
-    keep_t = ref.capacity_mask(et, 4, 3)
+    capacity_t = math.ceil(1.0 * 9 * 2 / 4)
+    keep_t = ref.capacity_mask(et, 4, capacity_t)
     outs_t = torch.stack([ex(ft) for ex in tight.experts], 1).gather(1, et[..., None].expand(-1, -1, 4))
     renorm = (gt * keep_t) / (gt * keep_t).sum(-1, keepdim=True).clamp_min(1e-300)
-    cap_mistakes = {"ignored": loose(xt)[0], "renormalised": (renorm[..., None] * outs_t).sum(1).reshape(2, 3, 4),
-                    "no_k": _moe_with_capacity(tight, xt, math.ceil(1.0 * 6 / 4))}
+    cap_mistakes = {"ignored": loose(xt)[0], "renormalised": (renorm[..., None] * outs_t).sum(1).reshape(3, 3, 4),
+                    "rounded_down": _moe_with_capacity(tight, xt, math.floor(1.0 * 9 * 2 / 4)),
+                    "no_k": _moe_with_capacity(tight, xt, math.ceil(1.0 * 9 / 4)),
+                    "last_dim_tokens": _moe_with_capacity(tight, xt, math.ceil(1.0 * 3 * 2 / 4))}
     moe_capacity = {"init": {"d_model": 4, "d_hidden": 6, "n_experts": 4, "k": 2, "capacity_factor": 1.0},
                     "state": dict(tight.state_dict()), "x": xt, "output": yt, "logits": lt, "mistakes": cap_mistakes,
-                    "dropped": int((~keep_t).sum())}
+                    "tokens": 9, "capacity": capacity_t, "dropped": int((~keep_t).sum())}
 
     # Load balancing: an unbalanced router; k = 2.
     lb_logits = fixed((6, 4), 9) + torch.tensor([1.5, 0.0, 0.0, -0.5], dtype=torch.float64)
     lb_experts = ref.top_k_router(lb_logits, 2)[1]
+    lb_rerouted = torch.tensor([[2, 3], [0, 3], [3, 1], [2, 1], [3, 2], [1, 3]])
     lgl = lb_logits.clone().requires_grad_(True)
     (lb_grad,) = torch.autograd.grad(ref.load_balancing_loss(lgl, lb_experts), lgl)
     p = torch.softmax(lb_logits, -1)
@@ -351,14 +359,17 @@ def _check_data():
                             "gates_as_P": 4 * (counts / 12 * torch.zeros(4, dtype=torch.float64).index_add(
                                 0, lb_experts.reshape(-1), ref.top_k_router(lb_logits, 2)[0].reshape(-1)) / 6).sum()},
                "balanced_logits": torch.zeros(4, 4, dtype=torch.float64),
-               "balanced_experts": torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2]])}
+               "balanced_experts": torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2]]),
+               # the same logits with choices that are not their top-k (after noise or a capacity limit)
+               "rerouted_experts": lb_rerouted, "rerouted_loss": ref.load_balancing_loss(lb_logits, lb_rerouted)}
 
     z_logits = fixed((3, 4), 10) * 2
     zl = z_logits.clone().requires_grad_(True)
     (z_grad,) = torch.autograd.grad(ref.router_z_loss(zl), zl)
     lse = torch.logsumexp(z_logits, -1)
     z = {"logits": z_logits, "loss": ref.router_z_loss(z_logits), "grad": z_grad,
-         "mistakes": {"sum": lse.pow(2).sum(), "no_square": lse.mean(), "max": z_logits.max(-1).values.pow(2).mean()},
+         "mistakes": {"sum": lse.pow(2).sum(), "no_square": lse.mean(), "max": z_logits.max(-1).values.pow(2).mean(),
+                      "square_after_mean": lse.mean().pow(2)},
          "big": torch.tensor([[120.0, 119.0, 100.0]]), "big_loss": ref.router_z_loss(torch.tensor([[120.0, 119.0, 100.0]],
                                                                                                     dtype=torch.float64))}
 

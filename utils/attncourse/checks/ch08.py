@@ -51,6 +51,8 @@ RMS_MISTAKES = [
                    "the last dimension (dim=-1, keepdim=True)"),
     ("no_weight", "the output is normalised but the learned gain is missing: multiply by self.weight"),
     ("l2_norm", "you divided by the L2 norm (a sum of squares); RMS is the root of the *mean* of the squares"),
+    ("all_dims", "your mean of squares runs over every dimension of x at once (one RMS for the whole tensor): each "
+                 "vector gets its own RMS, over its features only (dim=-1, keepdim=True)"),
 ]
 
 
@@ -131,6 +133,8 @@ SWIGLU_MISTAKES = [
     ("sigmoid_gate", "you used sigmoid(x W1) as the gate; SwiGLU uses silu(z) = z * sigmoid(z) (F.silu)"),
     ("gelu_gate", "you used GELU as the gate's activation (that is GeGLU); SwiGLU uses silu (F.silu)"),
     ("no_gate", "there is no nonlinearity: apply silu to x W1 before multiplying by x W2"),
+    ("silu_of_product", "you applied silu to the product (x W1) * (x W2): silu goes on the gate x W1 alone, and its "
+                        "result multiplies x W2: w3(silu(w1(x)) * w2(x))"),
 ]
 
 
@@ -303,7 +307,11 @@ CAPACITY_LAYER_MISTAKES = [
                 "and zero the gates of the assignments capacity_mask rejects"),
     ("renormalised", "you renormalised the remaining gates after dropping: a dropped assignment simply contributes "
                      "nothing, the other gates stay as they are"),
+    ("rounded_down", "wrong capacity: capacity_factor * T * k / E = 1.0 * 9 * 2 / 4 = 4.5 here, and the capacity is "
+                     "that rounded *up* (math.ceil), 5; you rounded it down (int() or // give 4)"),
     ("no_k", "wrong capacity: it is ceil(capacity_factor * T * k / E) with T the number of tokens; you left out k"),
+    ("last_dim_tokens", "wrong capacity: T is the number of tokens over all leading dimensions (x [3, 3, 4] holds 9 "
+                        "tokens, x.numel() // d_model); you counted only the last leading dimension's 3"),
 ]
 
 
@@ -312,7 +320,7 @@ def check_moe_capacity(cls):
     c = _data()["moe_capacity"]
     module = build_module(cls, c["init"], "MoE", c["state"])
     x, expected = tensor(c["x"]), tensor(c["output"])
-    y, _ = _moe_output(module, x, "MoE(capacity_factor=1.0).forward(x [2, 3, 4])", 4)
+    y, _ = _moe_output(module, x, "MoE(capacity_factor=1.0).forward(x [3, 3, 4])", 4)
     if not close(y, expected):
         for key, message in CAPACITY_LAYER_MISTAKES:
             if close(y, tensor(c["mistakes"][key])):
@@ -322,7 +330,8 @@ def check_moe_capacity(cls):
     y32, _ = _moe_output(module.float(), x.float(), "MoE(capacity_factor=1.0) in float32", 4)
     if not close(y32, expected, atol=1e-5):
         fail("with a capacity, float32 inputs give a different answer from float64 ones")
-    ok(f"capacity 3 per expert for 6 tokens and k = 2: {c['dropped']} assignments dropped, the rest unchanged")
+    ok(f"capacity ceil(4.5) = {c['capacity']} per expert for {c['tokens']} tokens and k = 2: {c['dropped']} "
+       "assignments dropped, the rest unchanged")
 
 
 # ---- auxiliary losses ----------------------------------------------------------------------------------
@@ -352,7 +361,16 @@ def check_load_balancing_loss(fn):
     if not (isinstance(balanced, torch.Tensor) and close(balanced.reshape(()), torch.tensor(1.0))):
         fail(f"a perfectly balanced router (uniform probabilities, every expert chosen equally often) should score 1, "
              f"yours gives {float(balanced):.4f}")
-    ok(f"load-balancing loss {loss.item():.4f} for an unbalanced router, 1 for a balanced one")
+    rerouted = _scalar(call(fn, logits, torch.tensor(c["rerouted_experts"]),
+                            what="load_balancing_loss(logits, experts) with experts that are not the logits' top-k"),
+                       "load_balancing_loss", torch.float64)
+    if not close(rerouted, _value(c["rerouted_loss"])):
+        if close(rerouted, expected):
+            fail("you recomputed the top-k experts from the logits: count f from the `experts` argument, the choices "
+                 "actually made (after noise or a capacity limit they are not the logits' top-k)")
+        fail(f"with experts that are not the logits' top-k, load_balancing_loss = {rerouted.item():.6f}, expected "
+             f"{_value(c['rerouted_loss']).item():.6f}: count f from `experts`")
+    ok(f"load-balancing loss {loss.item():.4f} for an unbalanced router, 1 for a balanced one, f counted from `experts`")
     g = _grad(lambda t: fn(t, experts), logits)
     if float(g.abs().max()) == 0.0:
         fail("no gradient reaches the logits: P must be the mean of softmax(logits) computed with autograd on "
@@ -371,6 +389,8 @@ Z_MISTAKES = [
     ("sum", "average over tokens (mean), not sum"),
     ("no_square", "square the log-sum-exp of each token's logits before averaging"),
     ("max", "use the log-sum-exp of the logits (torch.logsumexp), not the largest logit"),
+    ("square_after_mean", "you squared after averaging (the square of the mean): square each token's log-sum-exp "
+                          "first, then average the squares over the tokens"),
 ]
 
 
