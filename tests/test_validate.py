@@ -39,3 +39,9 @@ def test_validate_explains_bad_input(tmp_path):
     (tmp_path / "broken.ipynb").write_text("{ not json")
     res = validate(tmp_path / "broken.ipynb")
     assert res.returncode != 0 and "not a readable notebook" in res.stderr
+    # The learner package's own command line (what `make validate` and `attncourse validate` run).
+    res = subprocess.run([sys.executable, "-m", "attncourse", "validate", str(tmp_path / "broken.ipynb")],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "not a readable notebook" in res.stderr
+    res = subprocess.run([sys.executable, "-m", "attncourse"], capture_output=True, text=True)
+    assert res.returncode == 2 and "attncourse validate NOTEBOOK" in res.stderr

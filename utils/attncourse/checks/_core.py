@@ -15,7 +15,7 @@ class CheckFailed(AssertionError):
 
 
 class NotDoneYet(CheckFailed):
-    """The exercise still raises NotImplementedError (tools/validate.py lists it as not done)."""
+    """The exercise still raises NotImplementedError (`attncourse validate` lists it as not done)."""
 
 
 def fail(message, kind=CheckFailed):
