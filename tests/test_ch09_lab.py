@@ -121,10 +121,12 @@ def test_time_budget_run_ends_on_time_at_the_floor(workdir):
     out = workdir / "timed"
     start = __import__("time").perf_counter()
     assert run_cli(TINY + ["--max-steps", "0", "--time-budget", "4", "--batch-size", "4", "--lr", "1e-3",
-                           "--min-lr", "1e-4", "--out-dir", str(out)], workdir) == 0
+                           "--min-lr", "1e-4", "--warmup-steps", "1000", "--out-dir", str(out)], workdir) == 0
     assert __import__("time").perf_counter() - start < 4 + 10          # set-up and saving on top of the budget
     ckpt = torch.load(out / "ckpt.pt", weights_only=False)
     assert ckpt["config"]["max_steps"] > train.CALIBRATION_STEPS and ckpt["step"] > train.CALIBRATION_STEPS
+    # the warmup is a tenth of the steps that fit (--warmup-steps, here 1000, only bounds it)
+    assert ckpt["config"]["warmup_steps"] == max(1, round(0.1 * ckpt["config"]["max_steps"]))
     last = log(out / "log.csv")[-1]
     assert float(last["lr"]) < 1e-4 + 0.2 * (1e-3 - 1e-4)               # the cosine got (close) to its floor
 

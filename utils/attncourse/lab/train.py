@@ -63,6 +63,7 @@ class Config:
     # optimisation (the schedule is the learner's lr_at)
     max_steps: int = 2000              # 0 with --time-budget: as many as fit, measured during the warmup
     warmup_steps: int = 100
+    warmup_fraction: float = 0.1       # a run fitted to the time: the warmup is this share of its steps (at most warmup_steps)
     lr: float = 1e-3
     min_lr: float = 1e-4
     weight_decay: float = 0.1
@@ -486,6 +487,7 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
     timed_steps, timed_s = 0, 0.0       # training time without the first step, evaluations and saving
     stop = False
     deadline = warm_end = None          # a time-budget run: after the warmup the schedule follows the clock
+    end_by = None                       # a time-budget run: when training stops (the final evaluation follows)
     while step < last_step and not stop:
         sched = step
         if deadline is not None and step >= cfg.warmup_steps:
@@ -528,17 +530,23 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
             first_loss_warning(float(loss_sum) / (tokens_per_step // rt.world_size), vocab_size, cfg, say)
         if step == first_step + 1:                          # the first step warms up (compilation, caches):
             mark_time, mark_step = time.perf_counter(), step   # leave it out of the throughput
+        if cfg.time_budget and not cfg.resume and step == first_step + CALIBRATION_STEPS:
+            # Every time-budget run stops training early enough for its final evaluation to end on time.
+            fitted, end_by = fit_schedule(step, start, mark_time, mark_step, cfg, rt)
         if fit_steps and step == first_step + CALIBRATION_STEPS:
-            max_steps, deadline = fit_schedule(step, start, mark_time, mark_step, cfg, rt)
+            max_steps, deadline = fitted, end_by
+            if cfg.warmup_fraction > 0:      # the same share of any budget, not a fixed count of steps
+                cfg.warmup_steps = max(1, min(cfg.warmup_steps, round(cfg.warmup_fraction * max_steps)))
             last_step = 10 ** 9 if not cfg.stop_after else cfg.stop_after    # the clock decides when to stop
             cfg.max_steps = max_steps                      # checkpoints record the schedule's length
-            say(f"time budget {cfg.time_budget:.0f} s: after the warmup the learning rate follows the clock and "
-                f"reaches min_lr as the time runs out (max_steps = {max_steps}, predicted from the first steps)")
+            say(f"time budget {cfg.time_budget:.0f} s: after the warmup ({cfg.warmup_steps} steps) the learning rate "
+                f"follows the clock and reaches min_lr as the time runs out (max_steps = {max_steps}, predicted from "
+                f"the first steps)")
             if bar:
                 bar.total = max_steps
 
         if cfg.time_budget:
-            limit = (deadline - start) if deadline is not None else cfg.time_budget
+            limit = (end_by - start) if end_by is not None else cfg.time_budget
             flag = torch.tensor(float(time.perf_counter() - start >= limit), device=rt.device)
             if rt.world_size > 1:
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)   # every rank stops at the same step
@@ -578,7 +586,7 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
     summary = {"steps": step, "elapsed_s": elapsed, "val_loss": val_loss, "tokens_per_s": tok_s,
                "mean_tokens_per_s": mean_tok_s, "mfu": util,
                "n_params": n_params, "flops_per_token": fpt, "tokens_per_step": tokens_per_step,
-               "world_size": rt.world_size, "device": str(rt.device)}
+               "world_size": rt.world_size, "device": str(rt.device), "warmup_steps": cfg.warmup_steps}
     if rt.main:
         plot(out / "log.csv", out / "loss.png")
         if cfg.sample_tokens:
@@ -603,6 +611,7 @@ HELP = {
     "vocab_size": "0: the corpus's characters; larger pads the table (GPT-2: 50304)",
     "batch_size": "rows per process per micro-step",
     "grad_accum": "micro-steps per optimizer step, per process",
+    "warmup_fraction": "with --max-steps 0: the warmup's share of the steps that fit (at most --warmup-steps); 0: --warmup-steps",
     "max_steps": "optimizer steps; 0 with --time-budget: as many as fit, the schedule following the clock",
     "time_budget": "seconds of training; 0: no limit",
     "stop_after": "stop (and checkpoint) after this many steps, the schedule still aiming at --max-steps",
