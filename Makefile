@@ -28,6 +28,7 @@ help:
 	@echo "make grades              all grades -> grades.csv"
 	@echo "make collect-zip CH=ch02 unpack an LMS download from downloaded/CH/archive/ into submitted/"
 	@echo "make validate NB=path    run your notebook as the grader will and list what passes (before submitting)"
+	@echo "                         (without make, where the course's package is installed: attncourse validate path)"
 	@echo "make benchmark           notebook run time and autograde time per chapter"
 	@echo "make translations        refresh translations/zh/*.po after an English edit (changed paragraphs become fuzzy)"
 	@echo "make benchmark CLASS=200 [CH=ch04] [JOBS=2]   a generated class graded serially and with JOBS at once"
