@@ -190,6 +190,28 @@ def test_the_set_up_cell_installs_where_missing_and_does_nothing_where_installed
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_every_import_of_the_package_and_the_notebooks_is_declared():
+    """What utils/attncourse and the chapters' code cells import comes from Python, the course's own packages,
+    or a distribution that utils/pyproject.toml's dependencies bring (directly or through what they need)."""
+    import ast
+    names = set()
+    sources = [p.read_text() for p in (ROOT / "utils" / "attncourse").rglob("*.py")]
+    sources += ["\n".join(line for line in c.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+                for ch in nbtools.chapters() for c in nbtools.read(nbtools.chapter_notebook(ch)).cells if c.cell_type == "code"]
+    for code in sources:
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names.add(node.module.split(".")[0])
+    deps = [Requirement(d) for d in tomllib.loads((ROOT / "utils" / "pyproject.toml").read_text())["project"]["dependencies"]]
+    brought, providers = set(closure(deps)), metadata.packages_distributions()
+    undeclared = {m: providers.get(m) for m in names - set(sys.stdlib_module_names) - {"attncourse", "attncourse_ref"}
+                  if not any(canonicalize_name(d) in brought for d in providers.get(m, []))}
+    assert not undeclared, f"imported but not brought by utils/pyproject.toml's dependencies: {undeclared}"
+    assert {"torch", "transformers", "nbclient"} <= names
+
+
 def requirement_pins(path):
     pins = {}
     for line in path.read_text().splitlines():
