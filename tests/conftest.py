@@ -29,3 +29,18 @@ def _seeded():
     """Every test starts from the same torch RNG state: a failure reproduces, a pass is not luck."""
     import torch
     torch.manual_seed(0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup` sends the tests of one `xdist_group` (the site build's) to one worker by a
+    suffix on their node ids.  pytest-xdist 3.8 writes that suffix to an attribute pytest 9 no longer
+    reads, so the site was built in two workers at once: write it where pytest 9 keeps the id."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import coerce_node_id
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and not item.nodeid.endswith("@" + "_".join(groups)):
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
