@@ -80,6 +80,9 @@ CLAIMS = {
         Claim("on the test images the CNN makes fewer mistakes with a similar budget of parameters",
               "images.digits(test_size=0.2",
               lambda out: numbers(r"CNN: .*\((\d+) of 360 wrong\)", out)[0] < numbers(r"ViT: .*\((\d+) of 360 wrong\)", out)[0]),
+        Claim("the ViT ends closer to the floor than the CNN", "images.digits(test_size=0.2",
+              lambda out: numbers(r"ViT: .*final training loss ([\d.]+)", out)[0]
+              < numbers(r"CNN: .*final training loss ([\d.]+)", out)[0]),
     ],
     "ch08": [
         Claim("The two parameter columns agree to within about 3%", "def n_params",

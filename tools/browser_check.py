@@ -3,8 +3,9 @@
     python tools/browser_check.py [--html _build/html] [--screenshots DIR]
 
 A page fails on: a JavaScript exception or console error, a resource that did not load (image,
-script, stylesheet, font), an image with no pixels, a formula MathJax did not typeset or typeset
-as an error, or a link to a page or anchor of the site that does not exist.  The search page must
+script, stylesheet, font), an image with no pixels, a formula MathJax did not typeset, typeset
+as an error or typeset with a backslash showing (a macro read as text: ``\\text{max\\_lr}``), or
+a link to a page or anchor of the site that does not exist.  The search page must
 list, for each key term of SEARCHES, the chapter that teaches it (the Chinese edition's search page for
 Chinese terms).  With --screenshots, chapter 02 is saved in light and in dark mode, and in Chinese.  Exit status 0 when nothing failed.
 
@@ -46,8 +47,11 @@ INSPECT = """(() => {
       .map(e => e.textContent.slice(0, 80));
   const mathErrors = [...document.querySelectorAll('mjx-merror')]
       .map(e => e.getAttribute('data-mjx-error') || e.textContent.slice(0, 80));
+  // A backslash in typeset math is a macro MathJax printed as text (\\_ inside \\text{} without textmacros).
+  const backslashes = [...document.querySelectorAll('mjx-container')].filter(e => e.textContent.includes('\\\\'))
+      .map(e => e.textContent.slice(0, 80));
   const links = [...document.querySelectorAll('a[href]')].map(a => a.href);
-  return JSON.stringify({images, untypeset, mathErrors, links, title: document.title});
+  return JSON.stringify({images, untypeset, mathErrors, backslashes, links, title: document.title});
 })()"""
 
 
@@ -225,6 +229,8 @@ def check(html, screenshots=None, log=print):
             problems += [f"image did not load: {src}" for src in seen["images"]]
             problems += [f"formula not typeset: {t!r}" for t in seen["untypeset"]]
             problems += [f"MathJax error: {t}" for t in seen["mathErrors"]]
+            problems += [f"formula shows a backslash (write \\mathrm{{max\\_lr}}, not \\text{{max\\_lr}}): {t!r}"
+                         for t in seen["backslashes"]]
             problems += broken_links(seen["links"], base, html, ids)
             log(f"{'ok ' if not problems else 'BAD'} {page}")
             if problems:
