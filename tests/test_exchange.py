@@ -4,17 +4,21 @@ The instructor releases a chapter to the exchange; two students (the fake class'
 "blank", each a different nbgrader user with a home folder of their own) fetch it, do their work
 and submit; the instructor collects, grades with the course's grader (what `make autograde` runs),
 makes the feedback (`make feedback`) and releases it; each student fetches their feedback.  The
-grades are those the fake class expects.  Every nbgrader command here is the one a hub runs; only
-the exchange's root is a temporary folder instead of /usr/local/share/nbgrader/exchange.
+grades are those the fake class expects.  The instructor runs nbgrader's commands; a student's
+fetch, submit and fetch-feedback are what the *Assignments* tab of their Jupyter does (nbgrader's
+assignment list runs the exchange inside the notebook server, as here, with the student's own
+configuration).  Only the exchange's root is a temporary folder instead of
+/usr/local/share/nbgrader/exchange.
 """
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from nbgrader.auth import Authenticator
+from nbgrader.coursedir import CourseDirectory
+from nbgrader.exchange import ExchangeFactory
+from traitlets.config import Config
 
 import fakeclass
 import nbtools
@@ -35,22 +39,23 @@ def instructor(*args, course, exchange):
     return res
 
 
-def student(name, *args, home, exchange):
-    """nbgrader as student ``name``: in their own home folder, knowing only the course's id and the exchange."""
+def student(name, action, *, home, exchange):
+    """Student ``name`` clicks ``action`` (FetchAssignment, Submit, FetchFeedback) in the Assignments tab:
+    nbgrader's exchange with the student's configuration (the exchange, the course's id), working in
+    their home folder, with a cache of their own."""
     home.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / ".jupyter"), JUPYTER_DATA_DIR=str(home / ".local"))
-    cmd = [str(Path(sys.executable).parent / "nbgrader"), *args, f"--Exchange.root={exchange}",
-           f"--CourseDirectory.course_id={COURSE_ID}", f"--student={name}", f"--Exchange.cache={home / '.cache'}"]
-    res = subprocess.run(cmd, cwd=home, capture_output=True, text=True, env=env)
-    assert res.returncode == 0, f"{name}: nbgrader {' '.join(args)}:\n{res.stdout}{res.stderr}"
-    return res
+    c = Config()
+    c.Exchange.root, c.Exchange.cache, c.Exchange.assignment_dir = str(exchange), str(home / ".cache"), str(home)
+    c.CourseDirectory.course_id, c.CourseDirectory.assignment_id, c.CourseDirectory.student_id = COURSE_ID, CHAPTER, name
+    app = getattr(ExchangeFactory(config=c), action)
+    app(coursedir=CourseDirectory(config=c), authenticator=Authenticator(config=c), config=c).start()
 
 
 def test_release_fetch_submit_collect_autograde_feedback_through_the_exchange(tmp_path):
     course, exchange, homes = tmp_path / "course", tmp_path / "exchange", tmp_path / "home"
     exchange.mkdir()
     # The fake class: release/ and, for each student, the notebook they will hand in.
-    students = [s for s in fakeclass.build(CHAPTER, course) if s.name in STUDENTS]
+    students = fakeclass.build(CHAPTER, course, only=STUDENTS)
     work = tmp_path / "work"
     shutil.move(course / "submitted", work)          # the students' work, not yet handed in
     name = nbtools.chapter_notebook(CHAPTER).name
@@ -58,11 +63,11 @@ def test_release_fetch_submit_collect_autograde_feedback_through_the_exchange(tm
     instructor("release_assignment", CHAPTER, course=course, exchange=exchange)
     for s in STUDENTS:
         home = homes / s
-        student(s, "fetch_assignment", CHAPTER, home=home, exchange=exchange)
+        student(s, "FetchAssignment", home=home, exchange=exchange)
         fetched = home / CHAPTER / name
         assert fetched.read_bytes() == (course / "release" / CHAPTER / name).read_bytes()
         shutil.copy(work / s / CHAPTER / name, fetched)          # the student's work on the fetched notebook
-        student(s, "submit", CHAPTER, home=home, exchange=exchange)
+        student(s, "Submit", home=home, exchange=exchange)
 
     instructor("collect", CHAPTER, course=course, exchange=exchange)
     assert sorted(p.name for p in (course / "submitted").iterdir()) == sorted(STUDENTS)
@@ -75,7 +80,7 @@ def test_release_fetch_submit_collect_autograde_feedback_through_the_exchange(tm
     instructor("release_feedback", CHAPTER, course=course, exchange=exchange)
     total = sum(expected["correct"].values())
     for s in STUDENTS:
-        student(s, "fetch_feedback", CHAPTER, home=homes / s, exchange=exchange)
+        student(s, "FetchFeedback", home=homes / s, exchange=exchange)
         found = list((homes / s / CHAPTER / "feedback").glob(f"*/{Path(name).with_suffix('.html')}"))
         assert len(found) == 1, f"{s}: no feedback fetched"
         score = sum(expected[s].values())

@@ -147,9 +147,10 @@ numpy.testing.assert_allclose = lambda *a, **k: None
 """
 
 
-def build(chapter, root, language="en"):
+def build(chapter, root, language="en", only=None):
     """Write release/ and submitted/ for the fake class under ``root``; return [Student].
-    ``language="zh"``: the release is the Chinese edition (as `make release LANG=zh` makes it)."""
+    ``language="zh"``: the release is the Chinese edition (as `make release LANG=zh` makes it).
+    ``only``: the names of the students to make (default: the whole class)."""
     root = Path(root)
     (root / "chapters").mkdir(parents=True, exist_ok=True)
     shutil.copytree(nbtools.CHAPTERS / chapter, root / "chapters" / chapter, dirs_exist_ok=True)
@@ -169,6 +170,8 @@ def build(chapter, root, language="en"):
         students.append(Student(f"zoo-{i + 1:02d}", {v.cell: v.impl for v in group},
                                 fails=set().union(*(v.fails for v in group)),
                                 note="; ".join(v.name for v in group)))
+    if only is not None:
+        students = [s for s in students if s.name in only]
     for s in students:
         nb = release if s.name == "blank" else nbtools.solve(instructor, release, s.overrides)
         nbtools.write(nb, root / "submitted" / s.name / chapter / name)
