@@ -416,3 +416,59 @@ def greedy_first_position(decode, memory, memory_mask, bos, eos, max_len, pad=0)
         if bool(done.all()):
             break
     return prefix[:, 1:]
+
+
+# ---- issue 23: training mode (dropout), a tied head's bias, decoding that stops too early ----------------------
+def _greedy(decode, memory, memory_mask, bos, eos, max_len, pad, stop, steps=None):
+    prefix = torch.full((memory.shape[0], 1), bos, dtype=torch.long)
+    done = torch.zeros(memory.shape[0], dtype=torch.bool)
+    for _ in range(max_len if steps is None else steps):
+        y = decode(prefix, memory, memory_mask)[:, -1].argmax(dim=-1)
+        prefix = torch.cat([prefix, y.masked_fill(done, pad)[:, None]], dim=1)
+        done = done | (y == eos)
+        if bool(stop(done)):
+            break
+    return prefix[:, 1:]
+
+
+@_add("greedy decoding stopping when the first sequence ends", "greedy_decode", {"test_greedy_decode"},
+      "check_greedy_decode", "every sequence")
+def greedy_stops_at_first_eos(decode, memory, memory_mask, bos, eos, max_len, pad=0):
+    return _greedy(decode, memory, memory_mask, bos, eos, max_len, pad, stop=lambda done: done.any())
+
+
+@_add("greedy decoding one step short of max_len", "greedy_decode", {"test_greedy_decode"}, "check_greedy_decode",
+      "max_len")
+def greedy_one_short(decode, memory, memory_mask, bos, eos, max_len, pad=0):
+    return _greedy(decode, memory, memory_mask, bos, eos, max_len, pad, stop=lambda done: done.all(), steps=max_len - 1)
+
+
+@_add("feed-forward network without dropout", "feed_forward", {"test_feed_forward"} | BLOCKS | STACKS,
+      "check_feed_forward", "dropout is never applied")
+def ff_no_dropout(self, x):
+    act = F.gelu if self.activation == "gelu" else F.relu
+    return self.linear2(act(self.linear1(x)))
+
+
+@_add("encoder block without dropout on its sublayers' outputs", "encoder_block", ENCODER, "check_encoder_block",
+      "where PyTorch does")
+def enc_no_dropout(self, x, key_mask=None):
+    pad = None if key_mask is None else ~key_mask
+    if self.norm_first:
+        h = self.norm1(x)
+        x = x + self.self_attn(h, h, h, key_padding_mask=pad, need_weights=False)[0]
+        return x + FeedForward.forward(self, self.norm2(x))
+    x = self.norm1(x + self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False)[0])
+    return self.norm2(x + FeedForward.forward(self, x))
+
+
+@_add("decoder: tied output projection without its bias", "decoder", {"test_decoder"}, "check_decoder", "bias")
+def decoder_tied_no_bias(self, tgt_in, memory, memory_mask=None):
+    positions = torch.arange(tgt_in.shape[-1], device=tgt_in.device)
+    x = self.dropout(self.embedding(tgt_in) * math.sqrt(self.d_model) + self.pos_embedding(positions))
+    for layer in self.layers:
+        x = layer(x, memory, memory_mask)
+    h = self.norm(x)
+    if self.out.weight is self.embedding.weight:
+        return h @ self.embedding.weight.T          # tied: the embedding matrix transposed (its bias forgotten)
+    return self.out(h)

@@ -84,13 +84,31 @@ def feed_forward(rng):
     cases = []
     for i in range(8):
         d = int(rng.integers(1, 9))
+        train = _training(i)
         init = {"d_model": d, "d_ff": None if i % 3 == 0 else int(rng.integers(1, 20)),
-                "activation": "gelu" if i % 2 else "relu", "dropout": 0.1}
+                "activation": "gelu" if i % 2 else "relu", "dropout": 0.5 if train else 0.1}
         dtype = DTYPES[(i // 2) % 2]
         module = ref.FeedForward(**init).to(dtype)
         x = _tensor(rng, [(), (2,), (2, 3)][i % 3] + (int(rng.integers(1, 6)), d), dtype, 2.0)
-        cases.append(module_case(module, init, [x]))
+        cases.append(module_case(module, init, [x], train_seed=_train_seed(rng) if train else None,
+                                 describe=_train_describe(module, init, x) if train else ""))
     return cases
+
+
+def _training(i):
+    """Five cases of eight run in training mode: dropout is active there and must be where PyTorch puts it."""
+    return i % 8 in (1, 2, 4, 5, 7)
+
+
+def _train_seed(rng):
+    return int(rng.integers(2**31))
+
+
+def _train_describe(module, init, *args):
+    sizes = ", ".join(f"{k}={v}" for k, v in init.items())
+    shapes = ", ".join(f"{list(a.shape)} {str(a.dtype)[6:]}" for a in args)
+    return (f"{type(module).__name__}({sizes}) in training mode (dropout active, the same torch.manual_seed "
+            f"before both calls) on ({shapes})")
 
 
 # ---- encoder and decoder blocks --------------------------------------------------------------------------
@@ -112,13 +130,17 @@ def _encoder_cases(rng, norm_first):
     cases = []
     for i in range(8):
         init, dtype = _block_setup(rng, i, norm_first)
+        train = _training(i)
+        if train:
+            init["dropout"] = 0.5
         module = ref.EncoderBlock(**init).to(dtype)
         module.load_state_dict(_torch_layer(nn.TransformerEncoderLayer, init, dtype).state_dict())
         _perturb(module, rng)
-        b, n = int(rng.integers(1, 4)), int(rng.integers(1, 8))
+        b, n = int(rng.integers(1, 4)), int(rng.integers(3 if train else 1, 8))
         x = _tensor(rng, (b, n, init["d_model"]), dtype)
         kwargs = {} if i % 4 == 0 else {"key_mask": _padded_mask(rng, b, n)}
-        cases.append(module_case(module, init, [x], kwargs))
+        cases.append(module_case(module, init, [x], kwargs, train_seed=_train_seed(rng) if train else None,
+                                 describe=_train_describe(module, init, x) if train else ""))
     return cases
 
 
@@ -136,6 +158,9 @@ def _decoder_cases(rng, norm_first):
     cases = []
     for i in range(8):
         init, dtype = _block_setup(rng, i, norm_first)
+        train = _training(i)
+        if train:
+            init["dropout"] = 0.5
         module = ref.DecoderBlock(**init).to(dtype)
         module.load_state_dict(_torch_layer(nn.TransformerDecoderLayer, init, dtype).state_dict())
         _perturb(module, rng)
@@ -146,7 +171,8 @@ def _decoder_cases(rng, norm_first):
         x = _tensor(rng, (b, t, init["d_model"]), dtype)
         memory = _tensor(rng, (b, s, init["d_model"]), dtype)
         kwargs = {} if i % 4 == 0 else {"memory_mask": _padded_mask(rng, b, s)}
-        cases.append(module_case(module, init, [x, memory], kwargs))
+        cases.append(module_case(module, init, [x, memory], kwargs, train_seed=_train_seed(rng) if train else None,
+                                 describe=_train_describe(module, init, x, memory) if train else ""))
     return cases
 
 
@@ -174,12 +200,17 @@ def encoder(rng):
     for i in range(6):
         vocab = int(rng.integers(4, 12))
         init = _stack_init(rng, i, vocab)
+        train = i in (1, 2, 4)                             # half the cases in training mode
+        if train:
+            init["dropout"] = 0.5
         dtype = DTYPES[(i // 2) % 2]
         module = _perturb(ref.Encoder(**init).to(dtype), rng)
         b, s = int(rng.integers(1, 4)), int(rng.integers(1, init["max_len"] + 1))
         src_mask = _padded_mask(rng, b, s)
         src = torch.from_numpy(rng.integers(1, vocab, size=(b, s))).masked_fill(~src_mask, 0)
-        cases.append(module_case(module, init, [src, src_mask], tol=STACK_TOL))
+        cases.append(module_case(module, init, [src, src_mask], tol=STACK_TOL,
+                                 train_seed=_train_seed(rng) if train else None,
+                                 describe=_train_describe(module, init, src, src_mask) if train else ""))
     return cases
 
 
@@ -188,14 +219,19 @@ def decoder(rng):
     cases = []
     for i in range(6):
         vocab = int(rng.integers(4, 12))
-        init = {**_stack_init(rng, i, vocab), "tie_embeddings": i % 3 == 1}
+        init = {**_stack_init(rng, i, vocab), "tie_embeddings": i % 3 != 0}     # tied in 4 cases of 6
+        train = i in (1, 2, 4)                             # half the cases in training mode
+        if train:
+            init["dropout"] = 0.5
         dtype = DTYPES[(i // 2) % 2]
         module = _perturb(ref.Decoder(**init).to(dtype), rng)
         b, t, s = int(rng.integers(1, 4)), int(rng.integers(1, init["max_len"] + 1)), int(rng.integers(1, 9))
         tgt_in = torch.from_numpy(rng.integers(0, vocab, size=(b, t)))
         memory = _tensor(rng, (b, s, init["d_model"]), dtype)
         kwargs = {} if i == 0 else {"memory_mask": _padded_mask(rng, b, s)}
-        cases.append(module_case(module, init, [tgt_in, memory], kwargs, tol=STACK_TOL))
+        cases.append(module_case(module, init, [tgt_in, memory], kwargs, tol=STACK_TOL,
+                                 train_seed=_train_seed(rng) if train else None,
+                                 describe=_train_describe(module, init, tgt_in, memory) if train else ""))
     return cases
 
 
@@ -235,8 +271,10 @@ def _greedy_problem(rng, batch, dtype, vocab, max_len, hidden=5, length=6):
 @hidden_test("ch05.greedy_decode")
 def greedy_decode(rng):
     cases, tries = [], 0
+    # Most cases run to max_len for some row, or stop at different steps in different rows: decoding that
+    # stops a step short or when the first sequence ends fails most of them.
     wanted = [("early", 1), ("max_len", 1), ("all_early", 3), ("some_never", 4), ("all_early", 5),
-              ("some_never", 2)]
+              ("some_never", 2), ("some_never", 3), ("max_len", 1), ("some_never", 5), ("all_early", 2)]
     while wanted and tries < 500:
         tries += 1
         kind_wanted, batch = wanted[0]
@@ -332,6 +370,10 @@ def check_data():
                             "gelu": ref.FeedForward.forward(_with(ff, activation="gelu"), xf),
                             "no_activation": ff.linear2(hidden),
                             "gelu_tanh": ff.linear2(torch.nn.functional.gelu(hidden, approximate="tanh"))}
+    # ... and in training mode with dropout 0.5, right after torch.manual_seed(9).
+    dropping = _with(ff, dropout=nn.Dropout(0.5)).train()
+    torch.manual_seed(9)
+    data["feed_forward"]["train"] = dropping(xf)
 
     # Encoder and decoder stacks: small, random, with padding; both norm placements.
     for name, cls, extra in [("encoder", ref.Encoder, {}), ("decoder", ref.Decoder, {"tie_embeddings": False})]:
@@ -354,6 +396,17 @@ def check_data():
                 entry["mask_ignored"] = module(*args)
             data[f"{name}_{'pre' if norm_first else 'post'}"] = entry
 
+    # A decoder whose output projection is tied to the embedding: it keeps its own bias.
+    entry = dict(data["decoder_post"])
+    entry["init"] = {**entry["init"], "tie_embeddings": True}
+    torch.manual_seed(7)
+    tied = _perturb(ref.Decoder(**entry["init"]).double(), np.random.default_rng(8)).eval()
+    args = [entry["inputs"]["tgt_in"], entry["inputs"]["memory"]]
+    mask = entry["inputs"]["memory_mask"]
+    hidden = tied.norm(_decoder_hidden(tied, *args, mask))
+    data["decoder_tied"] = {"init": entry["init"], "state": dict(tied.state_dict()), "inputs": entry["inputs"],
+                            "output": tied(*args, memory_mask=mask), "no_bias": hidden @ tied.embedding.weight.T}
+
     # Teacher forcing.
     tgt = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
     logits = fixed((2, 4, 5), 58) * 2
@@ -374,6 +427,14 @@ def check_data():
     # Greedy decoding with the fixed decoder attncourse.layers.prefix_decoder.
     data["greedy"] = _greedy_check_case()
     return data
+
+
+def _decoder_hidden(decoder, tgt_in, memory, memory_mask):
+    """The decoder's last block output (before the final norm and the projection)."""
+    x = decoder.embedding(tgt_in) * decoder.d_model ** 0.5 + decoder.pos_embedding(torch.arange(tgt_in.shape[-1]))
+    for layer in decoder.layers:
+        x = layer(x, memory, memory_mask)
+    return x
 
 
 def _with(module, **attrs):

@@ -132,7 +132,18 @@ def check_feed_forward(cls):
                  "F.gelu(x) (approximate='none')")
         fail(f"FeedForward(activation={activation!r}) differs from linear2(activation(linear1(x))) "
              f"(max error {max_error(y, tensor(c[activation])):.3g})")
-    ok("FeedForward: linear2(activation(linear1(x))) with ReLU and with GELU")
+    init = {"d_model": 4, "d_ff": 6, "activation": "relu", "dropout": 0.5}
+    module = build_module(cls, init, "FeedForward", c["state"]).train()
+    with torch.random.fork_rng():
+        torch.manual_seed(9)
+        y = call(module, x, what="FeedForward(dropout=0.5) in training mode").detach()
+    if not close(y, tensor(c["train"])):
+        if close(y, tensor(c["relu"])):
+            fail("in training mode your FeedForward gives its evaluation output: dropout is never applied. Apply "
+                 "self.dropout (an nn.Dropout: active in training mode only) between the activation and linear2")
+        fail("in training mode (dropout 0.5, torch.manual_seed(9) first) your FeedForward differs from "
+             "linear2(dropout(activation(linear1(x)))): apply self.dropout once, to the activation's output")
+    ok("FeedForward: linear2(dropout(activation(linear1(x)))) with ReLU and with GELU, in eval and training mode")
 
 
 # ---- encoder and decoder blocks ------------------------------------------------------------------------------
@@ -212,8 +223,9 @@ def _check_block(cls, kind, norm_first):
     expected = run(theirs)
     placement = "pre-norm (norm_first=True)" if norm_first else "post-norm (norm_first=False)"
     if close(y, expected) and close(y_plain, run(theirs, masked=False)):
+        _check_block_training(cls, kind, name, init, theirs, run)
         ok(f"{name}, {placement}: matches torch.nn.Transformer{kind.title()}Layer with the same weights, "
-           "with and without padding")
+           "with and without padding, in eval and training mode")
         return
     if close(y, run(_flipped(theirs, kind))):
         right = "x = x + sublayer(norm(x)) (pre-norm)" if norm_first else "x = norm(x + sublayer(x)) (post-norm)"
@@ -234,6 +246,35 @@ def _check_block(cls, kind, norm_first):
     fail(f"{name} ({placement}) differs from torch.nn.Transformer{kind.title()}Layer with the same weights "
          f"(max error {max_error(y, expected):.3g}): check each residual connection (x + sublayer(x), with the "
          "block's input x), which norm goes where, and that the feed-forward network comes last")
+
+
+def _check_block_training(cls, kind, name, init, theirs, run):
+    """In training mode, after the same torch.manual_seed, the block must draw the same dropout masks as
+    PyTorch's layer: the attention's own dropout, then each nn.Dropout once, in the order of the computation."""
+    layer_cls = nn.TransformerEncoderLayer if kind == "encoder" else nn.TransformerDecoderLayer
+    torch_train = layer_cls(8, 2, 12, 0.5, "relu", batch_first=True, norm_first=init["norm_first"], dtype=torch.float64)
+    torch_train.load_state_dict(theirs.state_dict())
+    x, memory, enc_mask, mem_mask = _block_inputs()
+    with forbidding(TRANSFORMER_BUILTINS, name):
+        mine = build_module(cls, {**init, "dropout": 0.5}, name, {k: v.tolist() for k, v in theirs.state_dict().items()})
+        with torch.random.fork_rng():
+            torch.manual_seed(12)
+            if kind == "encoder":
+                y = call(mine.train(), x, key_mask=enc_mask, what=f"{name}.forward(x, key_mask) in training mode")
+            else:
+                y = call(mine.train(), x, memory, memory_mask=mem_mask,
+                         what=f"{name}.forward(x, memory, memory_mask) in training mode")
+            torch.manual_seed(12)
+            expected = run(torch_train.train())
+    if close(y.detach(), expected):
+        return
+    if close(y.detach(), run(theirs)):
+        fail(f"in training mode your {name} gives its evaluation output: dropout is never applied. Apply the block's "
+             "nn.Dropout layers (active in training mode only) where PyTorch does: dropout1 on the attention's output, "
+             "self.dropout inside the feed-forward network, the last one on its output")
+    fail(f"in training mode (dropout 0.5, the same torch.manual_seed first) your {name} differs from "
+         f"torch.nn.Transformer{kind.title()}Layer: apply each nn.Dropout once, where PyTorch does (dropout1 on the "
+         "attention's output, self.dropout inside the feed-forward network, the last one on its output), in that order")
 
 
 def check_encoder_block(cls):
@@ -289,6 +330,20 @@ def _check_stack(cls, kind):
         fail(f"{name} ({placement}-norm) differs from the expected output (max error {max_error(y, expected):.3g}). "
              f"If the {name}Block checks pass, check the order: embedding * sqrt(D) + positions, dropout, the "
              f"blocks, the final norm{projection}")
+    if kind == "decoder":
+        c = _data()["decoder_tied"]
+        inputs = c["inputs"]
+        with forbidding(TRANSFORMER_BUILTINS, name):
+            module = build_module(cls, c["init"], name, c["state"])
+            y = call(module, torch.tensor(inputs["tgt_in"]), tensor(inputs["memory"]),
+                     memory_mask=torch.tensor(inputs["memory_mask"]), what="Decoder(tie_embeddings=True).forward")
+        y = expect_tensor(y, "Decoder output", shape=tuple(tensor(c["output"]).shape), dtype=torch.float64).detach()
+        if not close(y, tensor(c["output"])):
+            if close(y, tensor(c["no_bias"])):
+                fail("with tie_embeddings=True your output projection dropped its bias: only the weight is shared "
+                     "with the embedding (self.out.weight = self.embedding.weight); self.out still adds self.out.bias")
+            fail(f"with tie_embeddings=True the Decoder differs from the expected output (max error "
+                 f"{max_error(y, tensor(c['output'])):.3g}): call self.out, whose weight is the embedding's")
     ok(f"{name}: embeddings * sqrt(D) + positions, {'encoder' if kind == 'encoder' else 'decoder'} blocks, "
        "final norm in pre-norm; post-norm and pre-norm")
 
@@ -391,7 +446,8 @@ def check_greedy_decode(fn):
         never = call(fn, decode, tensor(c["memory_never"]), torch.tensor(c["mask_never"]), c["bos"], c["eos"],
                      c["max_len"], what="greedy_decode on a sequence that never produces eos")
         if not same(never, torch.tensor(c["output_never"])):
-            fail(f"a sequence that never produces eos must stop after max_len = {c['max_len']} tokens; expected "
+            short = f" ({never.shape[-1]} tokens: one step short)" if never.shape[-1] == c["max_len"] - 1 else ""
+            fail(f"a sequence that never produces eos must stop after max_len = {c['max_len']} tokens{short}; expected "
                  f"{c['output_never']}, got {never.tolist()}")
         ok("greedy decoding: the whole prefix each step, eos included, pad after it, stops when all are done")
         return
@@ -402,5 +458,8 @@ def check_greedy_decode(fn):
         fail("your loop runs to max_len even after every sequence has produced eos: stop as soon as all are done")
     if tuple(out.shape) == tuple(expected.shape) and same(out[expected != 0], expected[expected != 0]):
         fail("after a sequence's eos, write pad (0) in its remaining positions")
+    if out.shape[0] == 3 and out.shape[1] < width and same(out, expected[:, :out.shape[1]]):
+        fail(f"you stopped after {out.shape[1]} tokens, when the first sequence produced eos: keep decoding until "
+             f"every sequence has produced eos (done.all()), or max_len tokens; these rows need {width}")
     fail(f"greedy_decode should give\n{expected}\ngot\n{out}\nAt each step take the argmax of the logits at the "
          "last position of the prefix, logits[:, -1], and append it to the prefix")
