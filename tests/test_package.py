@@ -169,6 +169,9 @@ def test_every_chapter_notebook_starts_with_the_set_up_cell():
     """The cell tools/setup_cell.py makes from _config.yml's repository url, before any other code, graded by no one."""
     url = re.search(r"^repository:\s*\n\s+url:\s*(\S+)", (ROOT / "_config.yml").read_text(), re.M).group(1)
     assert f"git+{url}#subdirectory=utils" in setup_cell.source()
+    for page in ("README.md", "README.zh.md", "intro.md"):          # where the pages name the repository
+        named = set(re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", (ROOT / page).read_text()))
+        assert named <= {url}, f"{page} names {named - {url}}, but _config.yml's repository is {url}"
     for chapter in nbtools.chapters():
         nb = nbtools.read(nbtools.chapter_notebook(chapter))
         first = next(c for c in nb.cells if c.cell_type == "code")
