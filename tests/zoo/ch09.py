@@ -199,3 +199,24 @@ def reduce_always(loss_sum, count):
     totals = torch.stack([loss_sum, count])
     torch.distributed.all_reduce(totals)
     return totals[0] / totals[1]
+
+
+# ---- issue 23: inputs left unchanged, integer results ----------------------------------------------------------
+@_add("clipping the gradients in place", "clip_grad_norm", {"test_clip_grad_norm"}, "check_clip_grad_norm",
+      "in place")
+def clip_in_place(grads, max_norm):
+    total_norm = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
+    scale = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale)
+    return total_norm, grads
+
+
+@_add("shard indices as floats (/ instead of //)", "shard_indices", {"test_shard_indices"}, "check_shard_indices",
+      "1-D long tensor")
+def shard_float(n, rank, world_size):
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+    if n % world_size:
+        raise ValueError(f"a batch of {n} rows does not split evenly over {world_size} processes")
+    return torch.arange(rank * n / world_size, (rank + 1) * n / world_size)

@@ -95,7 +95,10 @@ def _check_unchanged(call, arrays, p, args, kwargs):
     """Raise InputChanged if a tensor argument no longer holds what was sent."""
     named = [(f"argument {j}", ref, a) for j, (ref, a) in enumerate(zip(call["args"], args))]
     named += [(f"argument {k}", call["kwargs"][k], v) for k, v in kwargs.items()]
-    for name, ref, value in named:
+    while named:
+        name, ref, value = named.pop()
+        if "l" in ref and isinstance(value, (list, tuple)) and len(value) == len(ref["l"]):
+            named += [(name, r, v) for r, v in zip(ref["l"], value)]       # a list of tensors (gradients, a cache)
         if "a" in ref and isinstance(value, torch.Tensor):
             sent = arrays[f"{p}/{ref['a']}"]
             now = value.detach().cpu().numpy()

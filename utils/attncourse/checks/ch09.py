@@ -166,6 +166,9 @@ def check_clip_grad_norm(fn):
             kept = [t.clone() for t in grads]
             with forbidding(CLIP_BUILTINS, "clip_grad_norm"):
                 out = call(fn, grads, case["max_norm"], what=f"clip_grad_norm(grads, max_norm={case['max_norm']})")
+            if not all(same(g, k) for g, k in zip(grads, kept)):
+                fail("clip_grad_norm changed the gradients it was given in place (g.mul_(...), g *= ...): return new "
+                     "tensors and leave grads as they were")
             norm, clipped = _norm_check(out, grads, "clip_grad_norm")
             atol = 1e-9 if dtype == torch.float64 else 1e-5
             if abs(float(norm) - case["norm"]) > atol * 10:
