@@ -488,3 +488,29 @@ def mixer_no_channel_residual(self, x):
 def mixer_norm_over_tokens(self, x):
     x = x + self.token_mlp(F.layer_norm(x.transpose(1, 2), (x.shape[1],))).transpose(1, 2)
     return x + self.channel_mlp(self.norm2(x))
+
+
+# ---- issue 23: integer results, float32 computation of float64 inputs -----------------------------------------
+@_add("relative position index as floats", "relative_position_index", INDEX, "check_relative_position_index",
+      "torch.long")
+def index_float(M):
+    y = torch.linspace(0, M - 1, M).repeat_interleave(M)
+    x = torch.linspace(0, M - 1, M).repeat(M)
+    dy = y[:, None] - y[None, :] + M - 1
+    dx = x[:, None] - x[None, :] + M - 1
+    return dy * (2 * M - 1) + dx
+
+
+@_add("window attention's softmax in float32", "window_attention", ATTENTION, "check_window_attention",
+      "float32's rounding")
+def attention_softmax_float32(self, x, mask=None):
+    B_, N, C = x.shape
+    h = self.num_heads
+    q, k, v = self.qkv(x).reshape(B_, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
+    bias = self.relative_position_bias_table[self.relative_position_index].permute(2, 0, 1)
+    if mask is not None:
+        nW = mask.shape[0]
+        bias = (bias + mask[:, None]).repeat(B_ // nW, 1, 1, 1)
+    scores = q @ k.transpose(-2, -1) / (C // h) ** 0.5 + bias
+    weights = torch.softmax(scores.float(), dim=-1).to(x.dtype)     # "for stability": float32's rounding
+    return self.proj((weights @ v).transpose(1, 2).reshape(B_, N, C))

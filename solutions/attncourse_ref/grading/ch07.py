@@ -169,14 +169,19 @@ def _window_attention_case(rng, dtype, masked):
     return module_case(module, init, [x])
 
 
+def _mostly64(i):
+    """float64 in two cases of three: a float32 computation of float64 inputs fails most cases."""
+    return torch.float32 if i % 3 == 1 else torch.float64
+
+
 @hidden_test("ch07.window_attention")
 def window_attention(rng):
-    return [_window_attention_case(rng, DTYPES[i % 2], masked=False) for i in range(8)]
+    return [_window_attention_case(rng, _mostly64(i), masked=False) for i in range(8)]
 
 
 @hidden_test("ch07.window_attention_masked")
 def window_attention_masked(rng):
-    return [_window_attention_case(rng, DTYPES[i % 2], masked=True) for i in range(8)]
+    return [_window_attention_case(rng, _mostly64(i), masked=True) for i in range(8)]
 
 
 @hidden_test("ch07.patch_merging")

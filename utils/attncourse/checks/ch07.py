@@ -338,8 +338,17 @@ def check_window_attention(cls):
             "unscaled": "scale the scores by 1/sqrt(d_head) (F.scaled_dot_product_attention does it for you)",
         })
         fail(f"WindowAttention output differs from the expected one (max error {max_error(out, expected):.3g})")
+    _float64_throughout(out, expected)
     _float32_agrees(module, [x], expected, "WindowAttention")
     ok("WindowAttention: heads, relative position bias, float32 and float64")
+
+
+def _float64_throughout(out, expected):
+    """float64 inputs must give float64's answer, not float32's rounding of it (about 1e-8 here; the stored
+    answer is rounded to 1e-10)."""
+    if not close(out, expected, atol=1e-9):
+        fail(f"float64 inputs gave an output off by {max_error(out, expected):.0e}, float32's rounding: part of the "
+             "computation (the softmax?) ran in float32; keep the input's dtype throughout")
 
 
 def check_window_attention_masked(cls):
@@ -356,6 +365,7 @@ def check_window_attention_masked(cls):
             "mask_interleaved": "the batch holds image 0's windows, then image 1's: repeat the [nW, N, N] mask image "
                                 "by image (mask.repeat), not window by window (repeat_interleave)"})
         fail(f"masked WindowAttention differs from the expected output (max error {max_error(out, expected):.3g})")
+    _float64_throughout(out, expected)
     _float32_agrees(module, [x], expected, "masked WindowAttention", {"mask": mask})
     ok("WindowAttention with a shifted-window mask, repeated per image")
 
