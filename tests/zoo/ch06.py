@@ -166,7 +166,8 @@ def attention_cache_wrong_axis(self, x, past_kv=None):
         t_past = past_kv[0].shape[2]
         k, v = torch.cat([past_kv[0], k], dim=1), torch.cat([past_kv[1], v], dim=1)
         mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                       dropout_p=self.dropout if self.training else 0.0)
     y = y.transpose(1, 2).reshape(B, T, C)
     return self.resid_dropout(self.c_proj(y)), (k, v)
 
@@ -179,7 +180,7 @@ def attention_cache_top_left(self, x, past_kv=None):
     q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
     if past_kv is not None:
         k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
     y = y.transpose(1, 2).reshape(B, T, C)
     return self.resid_dropout(self.c_proj(y)), (k, v)
 
@@ -502,3 +503,19 @@ def mlm_in_place(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, gener
     inputs, labels = _mlm(tokens, special_mask, mask_id, vocab_size, mlm_prob, generator)
     tokens.copy_(inputs)
     return tokens, labels
+
+
+@_add("attention weights without dropout (no dropout_p)", "attention", {"test_attention", "test_block"},
+      "check_attention", "the attention weights get no dropout")
+def attention_no_weight_dropout(self, x, past_kv=None):
+    B, T, C = x.shape
+    q, k, v = self.c_attn(x).split(C, dim=-1)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+    mask = None
+    if past_kv is not None:
+        t_past = past_kv[0].shape[2]
+        k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+        mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return self.resid_dropout(self.c_proj(y)), (k, v)

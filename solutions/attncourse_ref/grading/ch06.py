@@ -166,12 +166,26 @@ def attention(rng):
     cases = []
     for i in range(8):
         init = _attention_init(rng)
+        train = i in (1, 2, 4, 5, 7)              # training mode: dropout on the weights and on the output
+        if train:
+            init["dropout"] = 0.5
         dtype = DTYPES[i % 2]
         module = _randomize(ref.CausalSelfAttention(**init), rng).to(dtype)
         b, t = int(rng.integers(1, 4)), int(rng.integers(2, 8))
         x = torch.from_numpy(rng.standard_normal((b, t, init["n_embd"]))).to(dtype)
-        cases.append(module_case(module, init, [x]))
+        cases.append(module_case(module, init, [x], train_seed=_train_seed(rng) if train else None,
+                                 describe=_train_describe(module, init, x) if train else ""))
     return cases
+
+
+def _train_seed(rng):
+    return int(rng.integers(2**31))
+
+
+def _train_describe(module, init, x):
+    sizes = ", ".join(f"{k}={v}" for k, v in init.items())
+    return (f"{type(module).__name__}({sizes}) in training mode (dropout active, the same torch.manual_seed "
+            f"before both calls) on ({list(x.shape)} {str(x.dtype)[6:]})")
 
 
 @hidden_test("ch06.attention_cache", forbid=NO_MHA)
@@ -193,15 +207,19 @@ def block(rng):
     cases = []
     for i in range(6):
         init = _attention_init(rng)
+        train = i in (1, 2, 3)                       # training mode: the attention's and the MLP's dropout
+        if train:
+            init["dropout"] = 0.5
         dtype = DTYPES[i % 2]
         module = _randomize(ref.Block(**init), rng).to(dtype)
-        b, t = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+        b, t = int(rng.integers(1, 4)), int(rng.integers(2 if train else 1, 6))
         x = torch.from_numpy(rng.standard_normal((b, t, init["n_embd"]))).to(dtype)
         kwargs = {}
         if i >= 4:                                   # the cache is passed on to the attention
             kwargs["past_kv"] = _past(rng, b, init["n_head"], int(rng.integers(1, 5)),
                                       init["n_embd"] // init["n_head"], dtype)
-        cases.append(module_case(module, init, [x], kwargs))
+        cases.append(module_case(module, init, [x], kwargs, train_seed=_train_seed(rng) if train else None,
+                                 describe=_train_describe(module, init, x) if train else ""))
     return cases
 
 
@@ -621,7 +639,15 @@ def check_data():
     past = (fixed((2, 2, 3, 4), 62), fixed((2, 2, 3, 4), 63))
     xc = fixed((2, 2, 8), 64)
     yc, (kc, vc) = attn(xc, past)
+    training = {}
+    for name, (p_attn, p_resid) in {"y_train": (0.5, 0.5), "y_train_resid_only": (0.0, 0.5)}.items():
+        dropping = ref.CausalSelfAttention(8, 2, 0.5).double()
+        dropping.load_state_dict(attn.state_dict())
+        dropping.dropout, dropping.resid_dropout.p = p_attn, p_resid
+        torch.manual_seed(13)
+        training[name] = dropping.train()(x)[0]
     attention = {"init": {"n_embd": 8, "n_head": 2}, "state": dict(attn.state_dict()), "x": x, "y": y, "k": k, "v": v,
+                 **training,
                  "split_orders": {o: _attention_variant(attn, x, order=o) for o in ("kqv", "vkq", "qvk", "kvq", "vqk")},
                  "y_no_transpose": _attention_variant(attn, x, transpose=False),
                  "past_k": past[0], "past_v": past[1], "x_new": xc, "y_cached": yc, "k_cached": kc, "v_cached": vc,

@@ -248,6 +248,22 @@ def check_attention(cls):
     if not (close(k, tensor(c["k"])) and close(v, tensor(c["v"]))):
         fail("y is right but the returned (k, v) are not the keys and values of this call, split into heads "
              "[B, H, T, C/H]")
+    dropping = build_module(cls, {**c["init"], "dropout": 0.5}, "CausalSelfAttention", c["state"]).train()
+    with torch.random.fork_rng(), forbidding(NO_MHA, "CausalSelfAttention"):
+        torch.manual_seed(13)
+        y_train = _kv(call(dropping, x, what="CausalSelfAttention(dropout=0.5) in training mode"),
+                      "CausalSelfAttention.forward")[0]
+    if not close(y_train, tensor(c["y_train"])):
+        if close(y_train, tensor(c["y"])):
+            fail("in training mode (dropout=0.5) your attention gives its evaluation output: dropout is never applied. "
+                 "Pass dropout_p=self.dropout if self.training else 0.0 to F.scaled_dot_product_attention and apply "
+                 "self.resid_dropout to c_proj's output")
+        if close(y_train, tensor(c["y_train_resid_only"])):
+            fail("in training mode the attention weights get no dropout: pass dropout_p=self.dropout if self.training "
+                 "else 0.0 to F.scaled_dot_product_attention (self.resid_dropout on the output is right)")
+        fail("in training mode (dropout=0.5, torch.manual_seed(13) first) your attention differs from the expected "
+             "output: dropout_p=self.dropout if self.training else 0.0 on the attention weights, then "
+             "self.resid_dropout on c_proj's output")
     y32 = call(module.float(), x.float(), what="CausalSelfAttention in float32")[0]
     if y32.dtype != torch.float32 or not close(y32, tensor(c["y"]), atol=1e-4):
         fail("in float32 the module should return float32 outputs matching float64 to 1e-4")
