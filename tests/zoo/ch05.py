@@ -419,28 +419,32 @@ def greedy_first_position(decode, memory, memory_mask, bos, eos, max_len, pad=0)
 
 
 # ---- issue 23: training mode (dropout), a tied head's bias, decoding that stops too early ----------------------
-def _greedy(decode, memory, memory_mask, bos, eos, max_len, pad, stop, steps=None):
-    prefix = torch.full((memory.shape[0], 1), bos, dtype=torch.long)
-    done = torch.zeros(memory.shape[0], dtype=torch.bool)
-    for _ in range(max_len if steps is None else steps):
-        y = decode(prefix, memory, memory_mask)[:, -1].argmax(dim=-1)
-        prefix = torch.cat([prefix, y.masked_fill(done, pad)[:, None]], dim=1)
-        done = done | (y == eos)
-        if bool(stop(done)):
-            break
-    return prefix[:, 1:]
-
-
 @_add("greedy decoding stopping when the first sequence ends", "greedy_decode", {"test_greedy_decode"},
       "check_greedy_decode", "every sequence")
 def greedy_stops_at_first_eos(decode, memory, memory_mask, bos, eos, max_len, pad=0):
-    return _greedy(decode, memory, memory_mask, bos, eos, max_len, pad, stop=lambda done: done.any())
+    prefix = torch.full((memory.shape[0], 1), bos, dtype=torch.long)
+    done = torch.zeros(memory.shape[0], dtype=torch.bool)
+    for _ in range(max_len):
+        y = decode(prefix, memory, memory_mask)[:, -1].argmax(dim=-1)
+        prefix = torch.cat([prefix, y.masked_fill(done, pad)[:, None]], dim=1)
+        done = done | (y == eos)
+        if bool(done.any()):
+            break
+    return prefix[:, 1:]
 
 
 @_add("greedy decoding one step short of max_len", "greedy_decode", {"test_greedy_decode"}, "check_greedy_decode",
       "max_len")
 def greedy_one_short(decode, memory, memory_mask, bos, eos, max_len, pad=0):
-    return _greedy(decode, memory, memory_mask, bos, eos, max_len, pad, stop=lambda done: done.all(), steps=max_len - 1)
+    prefix = torch.full((memory.shape[0], 1), bos, dtype=torch.long)
+    done = torch.zeros(memory.shape[0], dtype=torch.bool)
+    for _ in range(max_len - 1):
+        y = decode(prefix, memory, memory_mask)[:, -1].argmax(dim=-1)
+        prefix = torch.cat([prefix, y.masked_fill(done, pad)[:, None]], dim=1)
+        done = done | (y == eos)
+        if bool(done.all()):
+            break
+    return prefix[:, 1:]
 
 
 @_add("feed-forward network without dropout", "feed_forward", {"test_feed_forward"} | BLOCKS | STACKS,

@@ -434,14 +434,6 @@ def encode_leftmost_first(text, merges):
         ids = ids[:at] + [new[(ids[at], ids[at + 1])]] + ids[at + 2:]
 
 
-def _top_p(probs, top_p, stable=True):
-    ranked, order = torch.sort(probs, dim=-1, descending=True, stable=stable)
-    above = ranked.cumsum(-1) - ranked
-    drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, above >= top_p)
-    probs = probs.masked_fill(drop, 0.0)
-    return probs / probs.sum(-1, keepdim=True)
-
-
 @_add("top-p sorts without stable=True (ties in long rows)", "next_token_probs", {"test_top_p"}, "check_top_p",
       "more than 16")
 def probs_top_p_unstable(logits, temperature=1.0, top_k=None, top_p=None):
@@ -450,7 +442,13 @@ def probs_top_p_unstable(logits, temperature=1.0, top_k=None, top_p=None):
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    return probs if top_p is None else _top_p(probs, top_p, stable=False)
+    if top_p is not None:
+        ranked, order = torch.sort(probs, dim=-1, descending=True)
+        above = ranked.cumsum(-1) - ranked
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, above >= top_p)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
 
 
 @_add("next-token probabilities computed in float32", "next_token_probs", {"test_sampling", "test_top_p"},
@@ -461,7 +459,13 @@ def probs_in_float32(logits, temperature=1.0, top_k=None, top_p=None):
         kth = torch.topk(logits32, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits32 = logits32.masked_fill(logits32 < kth, float("-inf"))
     probs = torch.softmax(logits32, dim=-1)
-    return (probs if top_p is None else _top_p(probs, top_p)).to(logits.dtype)
+    if top_p is not None:
+        ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        above = ranked.cumsum(-1) - ranked
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, above >= top_p)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs.to(logits.dtype)
 
 
 @_add("sampling from torch's global random state (generator ignored)", "sample_next_token", {"test_sample"},
@@ -471,37 +475,44 @@ def sample_global_rng(probs, generator=None):
     return torch.multinomial(flat, 1).reshape(probs.shape[:-1])
 
 
-def _mlm(tokens, special_mask, mask_id, vocab_size, mlm_prob, generator, replacements=None):
-    shape, device = tokens.shape, tokens.device
-    chosen = (torch.rand(shape, generator=generator, device=device) < mlm_prob) & ~special_mask
-    labels = torch.where(chosen, tokens, IGNORE_INDEX)
-    action = torch.rand(shape, generator=generator, device=device)
-    if replacements is None:
-        replacements = torch.randint(vocab_size, shape, generator=generator, device=device)
-    inputs = torch.where(chosen & (action < 0.8), mask_id, tokens)
-    inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), replacements, inputs)
-    return inputs, labels
-
-
 @_add("masking with torch's global random state (generator ignored)", "mlm_mask",
       {"test_mlm_properties", "test_mlm_statistics"}, "check_mlm_properties", "draw every random number with the generator")
 def mlm_global_rng(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, generator=None):
-    return _mlm(tokens, special_mask, mask_id, vocab_size, mlm_prob, None)
+    shape, device = tokens.shape, tokens.device
+    chosen = (torch.rand(shape, device=device) < mlm_prob) & ~special_mask
+    labels = torch.where(chosen, tokens, IGNORE_INDEX)
+    action = torch.rand(shape, device=device)
+    random_tokens = torch.randint(vocab_size, shape, device=device)
+    inputs = torch.where(chosen & (action < 0.8), mask_id, tokens)
+    inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_tokens, inputs)
+    return inputs, labels
 
 
 @_add("random replacements drawn from the batch's own words", "mlm_mask", {"test_mlm_statistics"},
       "check_mlm_statistics", "whole vocabulary")
 def mlm_replacements_from_batch(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, generator=None):
+    shape, device = tokens.shape, tokens.device
+    chosen = (torch.rand(shape, generator=generator, device=device) < mlm_prob) & ~special_mask
+    labels = torch.where(chosen, tokens, IGNORE_INDEX)
+    action = torch.rand(shape, generator=generator, device=device)
     words = tokens[~special_mask]
-    pick = torch.randint(len(words), tokens.shape, generator=generator, device=tokens.device)
-    return _mlm(tokens, special_mask, mask_id, vocab_size, mlm_prob, generator, replacements=words[pick])
+    random_tokens = words[torch.randint(len(words), shape, generator=generator, device=device)]
+    inputs = torch.where(chosen & (action < 0.8), mask_id, tokens)
+    inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_tokens, inputs)
+    return inputs, labels
 
 
 @_add("masking writes into the tokens argument", "mlm_mask", {"test_mlm_properties", "test_mlm_statistics"},
       "check_mlm_properties", "changed its argument 0 in place")
 def mlm_in_place(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, generator=None):
-    inputs, labels = _mlm(tokens, special_mask, mask_id, vocab_size, mlm_prob, generator)
-    tokens.copy_(inputs)
+    shape, device = tokens.shape, tokens.device
+    chosen = (torch.rand(shape, generator=generator, device=device) < mlm_prob) & ~special_mask
+    labels = torch.where(chosen, tokens, IGNORE_INDEX)
+    action = torch.rand(shape, generator=generator, device=device)
+    random_tokens = torch.randint(vocab_size, shape, generator=generator, device=device)
+    tokens.masked_fill_(chosen & (action < 0.8), mask_id)
+    replace = chosen & (action >= 0.8) & (action < 0.9)
+    tokens[replace] = random_tokens[replace]
     return tokens, labels
 
 
