@@ -450,3 +450,10 @@ def test_the_lab_starts_a_learners_chapter_06_model_as_chapter_06_does():
     cfg, loss = first_loss("mine")
     assert loss > 2 * math.log(vocab)
     assert train.first_loss_warning(loss, vocab, cfg, said.append) and "leave out --init mine" in said[0], said
+
+
+def test_idle_threads_spin_only_where_the_cores_are_free():
+    assert lab.wait_policy({}, load=0.2, cores=2) == "ACTIVE"
+    assert lab.wait_policy({}, load=1.0, cores=2) == "PASSIVE"                        # someone else computes
+    assert lab.wait_policy({"ATTNCOURSE_GRADING_KERNEL": "1"}, load=0.0, cores=2) == "PASSIVE"
+    assert lab.wait_policy({"LOCAL_WORLD_SIZE": "2"}, load=0.0, cores=16) == "PASSIVE"   # torchrun's processes
