@@ -112,6 +112,13 @@ CLAIMS = {
               'compare.load("recipes")',
               lambda out: row(out, "this lab's CPU mode")[-2] > row(out, "classic minimal-GPT recipe")[-2]
               and row(out, "this lab's CPU mode")[-1] < row(out, "classic minimal-GPT recipe")[-1]),
+        Claim("its loss ends higher than with the published schedule", 'compare.load("recipes")',
+              lambda out: row(out, "minimal recipe's model, schedule fitted")[-1] > row(out, "classic minimal-GPT recipe")[-1]),
+        Claim("Doubling its learning rate as well changes its loss little", 'compare.load("recipes")',
+              lambda out: abs(row(out, "... and the CPU mode's")[-1] - row(out, "minimal recipe's model, schedule fitted")[-1])
+              < 0.05),
+        Claim("The fourth row differs from the first in depth alone, and ends well above it", 'compare.load("recipes")',
+              lambda out: row(out, "... and the CPU mode's")[-1] - row(out, "this lab's CPU mode")[-1] > 0.1),
         Claim("Each bigger model gets more out of the same text: its curve lies lower at every point",
               "widths = [32, 64, 128, 192]",
               lambda out: all(all(b < a for a, b in zip(lo, hi))
