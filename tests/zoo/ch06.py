@@ -239,6 +239,29 @@ class GPTPositionsRestart(nn.Module):
         return (logits, presents) if use_cache else logits
 
 
+@_add("no dropout on the embeddings", "gpt", {"test_gpt"}, "check_gpt", "apply self.drop to the embeddings")
+class GPTNoEmbeddingDropout(nn.Module):
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, dropout=0.0):
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+
+    def forward(self, idx, past_kv=None, use_cache=False):
+        t_past = 0 if past_kv is None else past_kv[0][0].shape[2]
+        positions = torch.arange(t_past, t_past + idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        presents = []
+        for i, block in enumerate(self.h):
+            x, present = block(x, None if past_kv is None else past_kv[i])
+            presents.append(present)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return (logits, presents) if use_cache else logits
+
+
 @_add("no final LayerNorm", "gpt", MODEL, "check_gpt", "ln_f")
 class GPTNoFinalNorm(nn.Module):
     def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, dropout=0.0):

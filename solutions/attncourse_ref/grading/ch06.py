@@ -265,6 +265,14 @@ def gpt(rng):
         with torch.no_grad():
             case.expected = [hf(idx).logits.numpy()]
         cases.append(case)
+    # Training mode (dropout 0.3 on the embeddings, the attention weights and each residual branch),
+    # against the reference after the same torch.manual_seed: a GPT that skips a dropout fails these.
+    for i in range(6):
+        init = {**_gpt_init(rng), "dropout": 0.3}
+        model = _randomize(ref.GPT(**init), rng).to(DTYPES[i % 2])
+        b, t = int(rng.integers(1, 4)), int(rng.integers(2, init["block_size"] + 1))
+        idx = torch.from_numpy(rng.integers(0, init["vocab_size"], size=(b, t)))
+        cases.append(module_case(model, init, [idx], train_seed=_train_seed(rng), describe=_train_describe(model, init, idx)))
     return cases
 
 

@@ -415,6 +415,15 @@ def check_gpt(cls):
     f32 = call(model.float(), idx, what="GPT in float32")
     if f32.dtype != torch.float32 or not close(f32, expected, atol=1e-4):
         fail("in float32 the logits should be float32 and match to 1e-4")
+    # In training mode with dropout 1.0 every dropout zeroes its input: the residual stream stays 0, so
+    # every position gets the same logits, ln_f's bias times wte^T.  A dropout left out lets x through.
+    dropped = build_module(cls, {**c["init"], "dropout": 1.0}, "GPT", c["state"]).train()
+    with forbidding(NO_MHA, "GPT"):
+        rows = call(dropped, idx, what="GPT.forward in training mode with dropout=1.0")
+    if max_error(rows, rows[:1, :1].expand_as(rows)) > 1e-9:
+        fail("in training mode with dropout=1.0 every dropout zeroes its input, so every position should get "
+             "the same logits; yours differ: apply self.drop to the embeddings, x = self.drop(wte(idx) + "
+             "wpe(positions)), and keep the blocks' dropouts")
     n = sum(p.numel() for p in model.parameters())
     ok(f"GPT: GPT-2's parameter names, the head tied to wte ({n:,} numbers); with GPT-2's weights it gives "
        f"GPT-2's logits (max difference {max_error(logits, expected):.1e})")
