@@ -201,6 +201,15 @@ def reduce_always(loss_sum, count):
     return totals[0] / totals[1]
 
 
+@_add("all-reduce in place", "all_reduce_mean", {"test_all_reduce_mean"}, "check_all_reduce_mean",
+      "overwrites the tensor it is given")
+def reduce_in_place(loss_sum, count):
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(loss_sum)
+        torch.distributed.all_reduce(count)
+    return loss_sum / count
+
+
 # ---- issue 23: inputs left unchanged, integer results ----------------------------------------------------------
 @_add("clipping the gradients in place", "clip_grad_norm", {"test_clip_grad_norm"}, "check_clip_grad_norm",
       "in place")

@@ -103,8 +103,25 @@ def _check_unchanged(call, arrays, p, args, kwargs):
             sent = arrays[f"{p}/{ref['a']}"]
             now = value.detach().cpu().numpy()
             if now.shape != sent.shape or not np.array_equal(now, sent, equal_nan=sent.dtype.kind == "f"):
-                raise InputChanged(f"{name} was changed in place; the function must leave its inputs unchanged "
-                                   "(build new tensors, or work on a copy)")
+                raise changed_in_place(name)
+
+
+def changed_in_place(name):
+    return InputChanged(f"{name} was changed in place; the function must leave its inputs unchanged "
+                        "(build new tensors, or work on a copy)")
+
+
+def leaving_inputs_unchanged(fn):
+    """``fn`` that raises InputChanged after changing one of its tensor arguments in place: the check of
+    _check_unchanged for calls made where the sent arrays are not at hand (each rank of a ranks case)."""
+    def checked(*args):
+        before = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in args]
+        out = fn(*args)
+        for j, (a, b) in enumerate(zip(args, before)):
+            if b is not None and not torch.equal(a, b):
+                raise changed_in_place(f"argument {j}")
+        return out
+    return checked
 
 
 def _run_case_once(i, call, arrays, candidate):
@@ -145,7 +162,7 @@ def _run_case_once(i, call, arrays, candidate):
     elif call["kind"] == "ranks":
         # DDP code on several ranks: a gloo process each (threads where processes cannot talk).
         from .lab.ranks import run_ranks
-        out = run_ranks(candidate, [[_decode(a, arrays, p) for a in rank] for rank in call["ranks"]])
+        out = run_ranks(leaving_inputs_unchanged(candidate), [[_decode(a, arrays, p) for a in rank] for rank in call["ranks"]])
     elif call["kind"] == "loader":
         # A weight loader fills a bare module that has exactly the asked parameter names and shapes.
         target = bare_module(call["shapes"], getattr(torch, call["dtype"]))
