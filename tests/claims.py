@@ -108,6 +108,10 @@ CLAIMS = {
               "agree either", "def accumulation_run(",
               lambda out: all(row(out, f"{o}, clip at 1:")[1] > row(out, f"{o}, clip at 1:")[0] for o in ("SGD", "AdamW"))
               and row(out, "AdamW, clip at 1:")[-1] > 0.05),
+        Claim("Both ways of writing the formula as it stands give `inf` on these two positions", "as_written = (z.exp()",
+              lambda out: "as written: inf" in out and re.search(r"-log\(softmax\(z\)\[t\]\)\s*: inf", out) is not None),
+        Claim("With each row's maximum subtracted, your function and PyTorch's agree", "as_written = (z.exp()",
+              lambda out: row(out, "your cross_entropy")[0] == row(out, "F.cross_entropy")[0] > 0),
         Claim("In the same time the CPU mode processes more tokens per second and reaches a lower validation loss",
               'compare.load("recipes")',
               lambda out: row(out, "this lab's CPU mode")[-2] > row(out, "classic minimal-GPT recipe")[-2]

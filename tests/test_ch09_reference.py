@@ -62,6 +62,80 @@ def test_micro_batch_loss_dtype_and_shape():
     assert out.dim() == 0 and out.dtype == torch.float64
 
 
+@given(n=st.integers(1, 12), v=st.integers(2, 40), three_d=st.booleans(), scale=st.sampled_from([1.0, 30.0, 1e4]),
+       ignored=st.floats(0.0, 0.9), ignore_index=st.sampled_from([-100, -1, 0, 3]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2 ** 16))
+def test_cross_entropy_matches_F_cross_entropy(n, v, three_d, scale, ignored, ignore_index, dtype, seed):
+    """Value and gradient with respect to the logits, with ignored positions, up to logits of 1e4."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (2, n) if three_d else (n,)
+    logits = torch.randn(*shape, v, generator=g, dtype=dtype) * scale
+    targets = torch.randint(0, v, shape, generator=g)
+    targets[torch.rand(shape, generator=g) < ignored] = ignore_index
+    if not (targets != ignore_index).any():
+        targets.view(-1)[0] = (ignore_index + 1) % v if ignore_index >= 0 else 0
+    mine = logits.clone().requires_grad_(True)
+    theirs = logits.clone().requires_grad_(True)
+    loss = ref.cross_entropy(mine, targets, ignore_index=ignore_index)
+    expected = F.cross_entropy(theirs.reshape(-1, v), targets.reshape(-1), ignore_index=ignore_index)
+    assert loss.dim() == 0 and loss.dtype == dtype
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(loss, expected, **tol)
+    torch.testing.assert_close(torch.autograd.grad(loss, mine)[0], torch.autograd.grad(expected, theirs)[0], **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cross_entropy_is_finite_where_the_formula_as_written_is_not(dtype):
+    logits = torch.tensor([[1e4, 0.0, -1e4], [-1e4, -2e4, -3e4], [1000.0, 990.0, 0.0]], dtype=dtype)
+    targets = torch.tensor([2, 1, 1])
+    as_written = (logits.exp().sum(-1).log() - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
+    assert not as_written.isfinite()
+    loss = ref.cross_entropy(logits, targets)
+    assert loss.isfinite()
+    torch.testing.assert_close(loss, F.cross_entropy(logits, targets))
+
+
+def test_cross_entropy_with_every_position_ignored_is_nan_like_F_cross_entropy():
+    """The documented choice: the mean over no positions is NaN (0 / 0), and the gradient is zero."""
+    logits = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    targets = torch.full((2, 3), -100)
+    loss = ref.cross_entropy(logits, targets)
+    expected = F.cross_entropy(logits.reshape(-1, 5), targets.reshape(-1))
+    assert loss.isnan() and expected.isnan() and loss.dtype == torch.float64
+    assert (torch.autograd.grad(loss, logits)[0] == 0).all()
+
+
+def test_cross_entropy_leaves_its_inputs_unchanged():
+    logits, targets = torch.randn(4, 6), torch.tensor([1, -100, 5, 0])
+    kept = logits.clone(), targets.clone()
+    ref.cross_entropy(logits, targets)
+    assert torch.equal(logits, kept[0]) and torch.equal(targets, kept[1])
+
+
+def test_cross_entropy_reference_is_from_scratch():
+    """The reference itself passes under the exercise's forbidden sets, and every built-in spelling fails, also
+    under the hidden test's operators alone (which name nothing that micro_batch_loss's cell may call)."""
+    from attncourse.checks.ch09 import CROSS_ENTROPY_BUILTINS, CROSS_ENTROPY_OPERATORS
+    from attncourse.forbid import ForbiddenCall, forbidding
+    assert not {p.split("::")[-1].rsplit(".", 1)[-1] for p in CROSS_ENTROPY_OPERATORS} & {
+        "cross_entropy", "log_softmax", "nll_loss", "CrossEntropyLoss", "NLLLoss", "LogSoftmax"}
+    logits, targets = torch.randn(3, 4, 5, dtype=torch.float64), torch.randint(0, 5, (3, 4))
+    for forbidden in (CROSS_ENTROPY_BUILTINS, CROSS_ENTROPY_OPERATORS):
+        with forbidding(forbidden, "cross_entropy"):
+            ref.cross_entropy(logits, targets)
+            for spelling in (lambda: F.cross_entropy(logits.reshape(-1, 5), targets.reshape(-1)),
+                             lambda: F.nll_loss(F.log_softmax(logits.reshape(-1, 5), -1), targets.reshape(-1)),
+                             lambda: torch.logsumexp(logits, -1), lambda: logits.log_softmax(-1),
+                             lambda: torch.special.logsumexp(logits, -1), lambda: torch.special.log_softmax(logits, -1),
+                             lambda: torch.ops.aten._log_softmax(logits, -1, False),
+                             lambda: torch.ops.aten.logsumexp(logits, [-1]),
+                             lambda: torch.nn.CrossEntropyLoss()(logits.reshape(-1, 5), targets.reshape(-1)),
+                             lambda: torch.nn.LogSoftmax(-1)(logits),
+                             lambda: torch.ops.aten.nll_loss_forward(logits.reshape(-1, 5), targets.reshape(-1), None, 1, -100)):
+                with pytest.raises(ForbiddenCall):
+                    spelling()
+
+
 @given(shapes=st.lists(st.lists(st.integers(1, 4), max_size=3), min_size=1, max_size=5),
        max_norm=st.floats(1e-3, 20.0), dtype=st.sampled_from([torch.float32, torch.float64]),
        seed=st.integers(0, 2 ** 16))

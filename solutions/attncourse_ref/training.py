@@ -25,6 +25,26 @@ def lr_at(step, max_lr, min_lr, warmup_steps, max_steps):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
 
 
+def cross_entropy(logits, targets, ignore_index=-100):
+    """Mean cross-entropy of logits against target classes, as F.cross_entropy computes it, from scratch.
+
+    logits [N, V] or [B, T, V] float (float32 or float64): a row of V scores per position;
+    targets [N] or [B, T] long: each position's class in 0 .. V-1, or ignore_index for a position
+    that does not count (padding).  Returns a 0-dim tensor of the logits' dtype: the mean of
+    -log softmax(row)[target] over the positions whose target is not ignore_index.  Stable for any
+    finite logits: each row's maximum is subtracted before exponentiating.  If every position is
+    ignored the mean is over zero positions: NaN, as F.cross_entropy returns.
+    """
+    rows = logits.reshape(-1, logits.shape[-1])
+    classes = targets.reshape(-1)
+    keep = classes != ignore_index
+    rows, classes = rows[keep], classes[keep]
+    shifted = rows - rows.amax(dim=-1, keepdim=True).detach()      # the largest entry of each row is 0
+    log_norm = shifted.exp().sum(dim=-1).log()                      # log sum exp, no overflow: every exp <= 1
+    picked = shifted.gather(-1, classes.unsqueeze(-1)).squeeze(-1)
+    return (log_norm - picked).mean()
+
+
 def micro_batch_loss(logits, targets, accum_steps):
     """The loss to backpropagate for one of ``accum_steps`` micro-batches of an optimizer step.
 

@@ -76,6 +76,78 @@ def accum_summed(logits, targets, accum_steps):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum") / accum_steps
 
 
+# ---- cross_entropy ---------------------------------------------------------------------------------
+@_add("cross-entropy without subtracting the row maximum", "cross_entropy", {"test_cross_entropy"},
+      "check_cross_entropy", "exp overflows")
+def ce_no_max(logits, targets, ignore_index=-100):
+    rows, classes = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    keep = classes != ignore_index
+    rows, classes = rows[keep], classes[keep]
+    log_norm = rows.exp().sum(dim=-1).log()
+    return (log_norm - rows.gather(-1, classes.unsqueeze(-1)).squeeze(-1)).mean()
+
+
+@_add("cross-entropy as the log of a softmax", "cross_entropy", {"test_cross_entropy"}, "check_cross_entropy",
+      "log of a probability that underflows")
+def ce_log_of_softmax(logits, targets, ignore_index=-100):
+    rows, classes = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    keep = classes != ignore_index
+    rows, classes = rows[keep], classes[keep]
+    e = (rows - rows.amax(dim=-1, keepdim=True)).exp()
+    probs = e / e.sum(dim=-1, keepdim=True)
+    return -probs.gather(-1, classes.unsqueeze(-1)).log().mean()
+
+
+@_add("cross-entropy counting ignored positions in the mean", "cross_entropy", {"test_cross_entropy"},
+      "check_cross_entropy", "counting the ignored positions")
+def ce_counts_ignored(logits, targets, ignore_index=-100):
+    rows, classes = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    keep = classes != ignore_index
+    shifted = rows - rows.amax(dim=-1, keepdim=True)
+    log_norm = shifted.exp().sum(dim=-1).log()
+    picked = shifted.gather(-1, classes.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return ((log_norm - picked) * keep).sum() / classes.numel()
+
+
+@_add("cross-entropy picking the logit of the ignore_index target", "cross_entropy", {"test_cross_entropy"},
+      "check_cross_entropy", "leave the ignored positions out")
+def ce_not_skipped(logits, targets, ignore_index=-100):
+    rows, classes = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    shifted = rows - rows.amax(dim=-1, keepdim=True)
+    log_norm = shifted.exp().sum(dim=-1).log()
+    return (log_norm - shifted.gather(-1, classes.unsqueeze(-1)).squeeze(-1)).mean()
+
+
+@_add("cross-entropy summed over positions", "cross_entropy", {"test_cross_entropy"}, "check_cross_entropy",
+      "sums the positions' losses")
+def ce_summed(logits, targets, ignore_index=-100):
+    rows, classes = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    keep = classes != ignore_index
+    rows, classes = rows[keep], classes[keep]
+    shifted = rows - rows.amax(dim=-1, keepdim=True)
+    log_norm = shifted.exp().sum(dim=-1).log()
+    return (log_norm - shifted.gather(-1, classes.unsqueeze(-1)).squeeze(-1)).sum()
+
+
+@_add("cross-entropy calling F.log_softmax", "cross_entropy", {"test_cross_entropy"}, "check_cross_entropy",
+      "may not call torch.nn.functional.log_softmax")
+def ce_builtin_log_softmax(logits, targets, ignore_index=-100):
+    rows, classes = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    keep = classes != ignore_index
+    log_probs = F.log_softmax(rows[keep], dim=-1)
+    return -log_probs.gather(-1, classes[keep].unsqueeze(-1)).mean()
+
+
+@_add("cross-entropy through torch.ops.aten.logsumexp", "cross_entropy", {"test_cross_entropy"},
+      "check_cross_entropy", "may not call aten::logsumexp")
+def ce_builtin_logsumexp(logits, targets, ignore_index=-100):
+    rows, classes = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    keep = classes != ignore_index
+    rows, classes = rows[keep], classes[keep]
+    lse = torch.ops.aten.logsumexp(rows, [-1])
+    return (lse - rows.gather(-1, classes.unsqueeze(-1)).squeeze(-1)).mean()
+
+
 # ---- clip_grad_norm -------------------------------------------------------------------------------
 @_add("clipping per parameter instead of globally", "clip_grad_norm", {"test_clip_grad_norm"},
       "check_clip_grad_norm", "clipped each gradient")

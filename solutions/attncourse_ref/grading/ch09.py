@@ -8,7 +8,7 @@ from .. import training as ref
 from . import function_case, hidden_test, raises_case, ranks_case
 
 DTYPES = [torch.float32, torch.float64]
-from attncourse.checks.ch09 import CLIP_BUILTINS  # noqa: E402
+from attncourse.checks.ch09 import CLIP_BUILTINS, CROSS_ENTROPY_OPERATORS  # noqa: E402
 
 
 def _schedule(rng, warmup=None):
@@ -51,6 +51,45 @@ def micro_batch_loss(rng):
         targets = torch.from_numpy(rng.integers(0, v + 1, size=(b, t)))
         accum = int(rng.integers(1, 9)) if i != 1 else 1
         cases.append(function_case(ref.micro_batch_loss, [logits, targets, accum], rng=rng, grad_args=(0,)))
+    return cases
+
+
+def _ce_inputs(rng, shape, v, dtype, ignore_index, n_extreme, n_ignored):
+    """Logits of ordinary size with ``n_extreme`` kept rows of spread 1e4 (exp overflows, softmax underflows)
+    and ``n_ignored`` positions whose target is ignore_index."""
+    n = int(np.prod(shape))
+    logits = rng.standard_normal((n, v)) * 2
+    targets = rng.integers(0, v, size=n)
+    order = rng.permutation(n)
+    ignored, extreme = order[:n_ignored], order[n_ignored:n_ignored + n_extreme]
+    logits[extreme] = np.round(rng.standard_normal((len(extreme), v)) * 1e4)
+    logits[extreme, 0] = 1e4                       # a positive maximum, well above exp's range
+    targets[extreme] = rng.integers(1, v, size=len(extreme))   # never the maximum: its probability underflows
+    if ignore_index >= 0:
+        targets[targets == ignore_index] = (ignore_index + 1) % v
+    targets[ignored] = ignore_index
+    return (torch.from_numpy(logits.reshape(*shape, v)).to(dtype),
+            torch.from_numpy(targets.reshape(shape)))
+
+
+@hidden_test("ch09.cross_entropy", forbid=CROSS_ENTROPY_OPERATORS)
+def cross_entropy(rng):
+    cases = []
+    for i in range(10):
+        dtype = [torch.float64, torch.float32][i % 3 == 1]
+        shape = (int(rng.integers(6, 13)),) if i % 2 else (int(rng.integers(2, 4)), int(rng.integers(3, 7)))
+        v = int(rng.choice([2, 5, 17, 50, 1000])) if i != 3 else 2048        # long rows too
+        ignore_index = -100 if i % 4 else int(rng.integers(0, v))           # a real class may be the ignored one
+        n = int(np.prod(shape))
+        logits, targets = _ce_inputs(rng, shape, v, dtype, ignore_index, n_extreme=1 + (i % 2), n_ignored=1 + (i % 3))
+        kwargs = {} if ignore_index == -100 and i % 3 else {"ignore_index": ignore_index}
+        cases.append(function_case(ref.cross_entropy, [logits, targets], kwargs, rng=rng, grad_args=(0,),
+                                   describe=f"(logits {list(logits.shape)} {str(dtype).replace('torch.', '')}, "
+                                            f"{n} positions, 1 or 2 rows of spread 1e4, "
+                                            f"targets with ignore_index={ignore_index} in places)"))
+    logits, targets = _ce_inputs(rng, (4,), 6, torch.float64, -100, n_extreme=1, n_ignored=4)
+    cases.append(function_case(ref.cross_entropy, [logits, targets], rng=rng, grad_args=(0,),
+                               describe="(every position ignored: the mean over no positions is NaN, as F.cross_entropy gives)"))
     return cases
 
 
@@ -153,6 +192,41 @@ def _plain(tensors):
     return [t.tolist() for t in tensors]
 
 
+def _cross_entropy_data(g):
+    """Stored cases for check_cross_entropy: ordinary logits, ignored positions, a custom ignore_index,
+    logits around 1000 (exp overflows) and rows of spread 1e4 (softmax underflows to 0)."""
+    def rounded(*shape, scale=2.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale * 100).round() / 100
+
+    plain_x, plain_t = rounded(6, 5), torch.randint(0, 5, (6,), generator=g)
+    with torch.enable_grad():
+        plain_x.requires_grad_(True)
+        loss = ref.cross_entropy(plain_x, plain_t)
+        grad, = torch.autograd.grad(loss, plain_x)
+    per_position = -(plain_x - plain_x.logsumexp(-1, keepdim=True)).gather(-1, plain_t[:, None]).squeeze(-1)
+    plain = {"logits": plain_x.detach(), "targets": plain_t, "loss": loss.detach(), "grad": grad,
+             "sum": per_position.sum().detach()}
+
+    masked_x, masked_t = rounded(2, 4, 5), torch.randint(0, 5, (2, 4), generator=g)
+    masked_t[0, 1] = masked_t[1, 3] = -100
+    keep = masked_t != -100
+    losses = -(masked_x - masked_x.logsumexp(-1, keepdim=True)).gather(-1, masked_t.clamp(min=0)[..., None]).squeeze(-1)
+    masked = {"logits": masked_x, "targets": masked_t, "loss": ref.cross_entropy(masked_x, masked_t),
+              "counted": (losses * keep).sum() / keep.numel(), "sum": (losses * keep).sum()}
+
+    custom_t = torch.tensor([[3, 0, 1, 3], [2, 3, 4, 1]])
+    custom = {"targets": custom_t, "ignore_index": 3, "loss": ref.cross_entropy(masked_x, custom_t, ignore_index=3),
+              "ignoring_nothing": ref.cross_entropy(masked_x, custom_t)}
+
+    offset_x, offset_t = 1000 + rounded(3, 5), torch.randint(0, 5, (3,), generator=g)
+    spread_x = rounded(3, 5, scale=1e4)
+    spread_x = spread_x - spread_x.amax(-1, keepdim=True)          # the maximum is 0: exp cannot overflow here
+    spread_t = (spread_x.argmax(-1) + 1) % 5                        # never the maximum: its probability underflows
+    return {"plain": plain, "masked": masked, "custom": custom,
+            "offset": {"logits": offset_x, "targets": offset_t, "loss": ref.cross_entropy(offset_x, offset_t)},
+            "spread": {"logits": spread_x, "targets": spread_t, "loss": ref.cross_entropy(spread_x, spread_t)}}
+
+
 def check_data():
     """Fixed inputs and expected values for the visible checks (tools/make_check_data.py writes them)."""
     sched = {"max_lr": 1e-3, "min_lr": 1e-4, "warmup": 10, "max_steps": 50}
@@ -170,6 +244,8 @@ def check_data():
              "loss": ref.micro_batch_loss(logits, targets, 4).item(), "mean_loss": mean.item(),
              "sum_loss": torch.nn.functional.cross_entropy(logits.reshape(-1, 7), targets.reshape(-1),
                                                            reduction="sum").item()}
+
+    ce = _cross_entropy_data(torch.Generator().manual_seed(22))
 
     grads = [(torch.randn(3, 4, generator=g, dtype=torch.float64) * 100).round() / 100,
              (torch.randn(4, generator=g, dtype=torch.float64) * 100).round() / 100,
@@ -193,4 +269,4 @@ def check_data():
     util = {"args": [8.5e8, 4.0e5, 312e12, 8], "expected": ref.mfu(8.5e8, 4.0e5, 312e12, 8),
             "one_device": ref.mfu(8.5e8, 4.0e5, 312e12, 1)}
     shard = {"n": 12, "world_size": 3, "shards": _plain(ref.shard_indices(12, r, 3) for r in range(3))}
-    return {"lr": lr, "accum": accum, "clip": clip, "flops": flops, "mfu": util, "shard": shard}
+    return {"lr": lr, "accum": accum, "ce": ce, "clip": clip, "flops": flops, "mfu": util, "shard": shard}
