@@ -70,6 +70,18 @@ CLAIMS = {
               lambda out: abs(row(out, "lr 0.003 post-norm:")[-1] - row(out, "lr 0.003 pre-norm :")[-1]) < 0.15),
         Claim("At the larger learning rate they part", "def loss_curve",
               lambda out: row(out, "lr 0.01 post-norm:")[-1] - row(out, "lr 0.01 pre-norm :")[-1] > 0.3),
+        Claim("The two new projections get nearly every token right", "def projection_inputs",
+              lambda out: min(row(out, "new projection, eps = 0.0")[1], row(out, "new projection, eps = 0.1")[1]) >= 99.5),
+        Claim("Without smoothing the confidence is above 99.9% and the logit gap several times the smoothed one",
+              "def projection_inputs", lambda out: row(out, "new projection, eps = 0.0")[0] > 0.999
+              and row(out, "new projection, eps = 0.0")[2] > 3 * row(out, "new projection, eps = 0.1")[2]),
+        Claim("with $\\varepsilon = 0.1$ the confidence settles near $1 - \\varepsilon + \\varepsilon/V$ and the gap near",
+              "def projection_inputs",
+              lambda out: abs(row(out, "new projection, eps = 0.1")[0] - row(out, "optimum for eps = 0.1")[0]) < 0.01
+              and abs(row(out, "new projection, eps = 0.1")[2] - row(out, "optimum for eps = 0.1")[1]) < 0.4),
+        Claim("measured by the plain cross-entropy, the smoothed projection is worse on the held-out dates",
+              "def projection_inputs",
+              lambda out: row(out, "new projection, eps = 0.1")[-1] > row(out, "new projection, eps = 0.0")[-1]),
     ],
     "ch06": [
         Claim("the gap widens with the length: the speed-up column", "no cache (tok/s)",

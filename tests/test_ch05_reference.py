@@ -201,6 +201,47 @@ def test_sequence_loss_is_the_mean_over_real_tokens(seed, pad):
     torch.testing.assert_close(ref.sequence_loss(logits, target, pad), expected)
 
 
+@given(seed=st.integers(0, 2**16), b=st.integers(1, 4), t=st.integers(1, 6), v=st.integers(2, 9),
+       smoothing=st.sampled_from([0.0, 0.05, 0.1, 0.3, 1.0]), pad=st.sampled_from([0, 1]), dtype=DTYPES)
+def test_label_smoothed_loss_is_torchs_label_smoothing_with_gradients(seed, b, t, v, smoothing, pad, dtype):
+    """Value and gradient of F.cross_entropy(..., ignore_index=pad, label_smoothing=smoothing)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(b, t, v, generator=g, dtype=dtype) * 3).requires_grad_()
+    target = torch.randint(0, v, (b, t), generator=g)
+    target[0, 0] = (pad + 1) % v                                  # at least one real token
+    target[-1, t // 2 + 1:] = pad                                 # and padding (when t > 1)
+    ours = ref.label_smoothed_loss(logits, target, smoothing, pad)
+    theirs = F.cross_entropy(logits.flatten(0, -2), target.flatten(), ignore_index=pad, label_smoothing=smoothing)
+    assert ours.dtype == dtype and ours.shape == ()
+    torch.testing.assert_close(ours, theirs, **_tol(dtype))
+    torch.testing.assert_close(torch.autograd.grad(ours, logits)[0], torch.autograd.grad(theirs, logits)[0],
+                               **_tol(dtype))
+
+
+def test_label_smoothed_loss_is_the_cross_entropy_with_the_smoothed_distribution():
+    """-sum_k q_k log p_k with q = (1 - eps) onehot + eps / V, by hand; eps = 0 is sequence_loss."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
+    target = torch.tensor([[3, 1, 4, 0], [2, 0, 0, 0]])
+    q = 0.8 * F.one_hot(target, 5).double() + 0.2 / 5
+    per_token = -(q * torch.log_softmax(logits, -1)).sum(-1)
+    real = target != 0
+    torch.testing.assert_close(ref.label_smoothed_loss(logits, target, 0.2), per_token[real].sum() / 4)
+    torch.testing.assert_close(ref.label_smoothed_loss(logits, target, 0.0), ref.sequence_loss(logits, target))
+
+
+def test_label_smoothing_makes_the_best_logits_finite():
+    """The smoothed loss has a finite minimiser: logit gap log((1 - eps + eps / V) / (eps / V)) to every other class."""
+    eps, v = 0.1, 4
+    gap = math.log((1 - eps + eps / v) / (eps / v))
+    best = torch.tensor([[[gap, 0.0, 0.0, 0.0]]], dtype=torch.float64, requires_grad=True)
+    loss = ref.label_smoothed_loss(best, torch.tensor([[0]]), eps, pad=-1)
+    assert torch.autograd.grad(loss, best)[0].abs().max() < 1e-12
+    wider = ref.label_smoothed_loss(torch.tensor([[[gap + 1, 0.0, 0.0, 0.0]]], dtype=torch.float64),
+                                    torch.tensor([[0]]), eps, pad=-1)
+    assert wider > loss
+
+
 @given(seed=st.integers(0, 2**16), batch=st.integers(1, 5), eos=st.integers(2, 6))
 def test_greedy_decode_matches_decoding_each_row_alone(seed, batch, eos):
     g = torch.Generator().manual_seed(seed)

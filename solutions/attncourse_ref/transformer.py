@@ -183,6 +183,27 @@ def sequence_loss(logits, target, pad=0):
     return F.cross_entropy(logits.flatten(0, -2), target.flatten(), ignore_index=pad)
 
 
+def label_smoothed_loss(logits, target, smoothing, pad=0):
+    """Mean cross-entropy against label-smoothed targets over the positions whose target is not ``pad``.
+
+    At a real position with target y the smoothed target distribution over the V classes is
+    q = (1 - smoothing) * onehot(y) + smoothing / V: the smoothing is spread uniformly over all V
+    classes, y included (F.cross_entropy's label_smoothing convention), so y gets
+    1 - smoothing + smoothing / V and every other class smoothing / V. The loss of a position is
+    -sum_k q_k log p_k = (1 - smoothing) * (-log p_y) + smoothing * mean_k(-log p_k).
+    logits [B, T, V] float, target [B, T] long, 0 <= smoothing <= 1 -> a scalar of logits' dtype,
+    equal to F.cross_entropy(logits.flatten(0, -2), target.flatten(), ignore_index=pad,
+    label_smoothing=smoothing).
+    """
+    log_p = F.log_softmax(logits, dim=-1)
+    real = target != pad
+    safe = target.masked_fill(~real, 0)                             # any valid index; these rows are dropped
+    nll = -log_p.gather(-1, safe.unsqueeze(-1)).squeeze(-1)          # -log p_y          [B, T]
+    uniform = -log_p.mean(dim=-1)                                    # mean_k -log p_k   [B, T]
+    per_token = (1 - smoothing) * nll + smoothing * uniform
+    return per_token[real].mean()
+
+
 def greedy_decode(decode, memory, memory_mask, bos, eos, max_len, pad=0):
     """Feed the whole prefix back each step and take the argmax of the last position's logits.
 

@@ -349,6 +349,54 @@ def loss_pad_zero(logits, target, pad=0):
     return F.cross_entropy(logits.flatten(0, -2), target.flatten(), ignore_index=0)
 
 
+# ---- label smoothing ---------------------------------------------------------------------------------------------------
+@_add("label smoothing: padding counted in the mean", "label_smoothed_loss", {"test_label_smoothed_loss"},
+      "check_label_smoothed_loss", "padding is counted")
+def ls_with_padding(logits, target, smoothing, pad=0):
+    log_p = F.log_softmax(logits, dim=-1)
+    nll = -log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    return ((1 - smoothing) * nll + smoothing * -log_p.mean(dim=-1)).mean()
+
+
+@_add("label smoothing spread over the V - 1 wrong classes (the other convention)", "label_smoothed_loss",
+      {"test_label_smoothed_loss"}, "check_label_smoothed_loss", "another convention")
+def ls_v_minus_1(logits, target, smoothing, pad=0):
+    log_p = F.log_softmax(logits, dim=-1)
+    real = target != pad
+    nll = -log_p.gather(-1, target.masked_fill(~real, 0).unsqueeze(-1)).squeeze(-1)
+    others = (-log_p.sum(dim=-1) - nll) / (logits.shape[-1] - 1)
+    return ((1 - smoothing) * nll + smoothing * others)[real].mean()
+
+
+@_add("label smoothing: the smoothing term taken over the padding too", "label_smoothed_loss",
+      {"test_label_smoothed_loss"}, "check_label_smoothed_loss", "padding included")
+def ls_smoothing_on_padding(logits, target, smoothing, pad=0):
+    log_p = F.log_softmax(logits, dim=-1)
+    real = target != pad
+    nll = -log_p.gather(-1, target.masked_fill(~real, 0).unsqueeze(-1)).squeeze(-1)
+    return (1 - smoothing) * nll[real].mean() + smoothing * (-log_p.mean(dim=-1)).mean()
+
+
+@_add("label smoothing: target probability 1 - eps, without its share eps / V", "label_smoothed_loss",
+      {"test_label_smoothed_loss"}, "check_label_smoothed_loss", "1 - eps + eps / V")
+def ls_no_eps_over_v(logits, target, smoothing, pad=0):
+    log_p = F.log_softmax(logits, dim=-1)
+    real = target != pad
+    onehot = F.one_hot(target.masked_fill(~real, 0), logits.shape[-1]).to(logits.dtype)
+    q = (1 - smoothing) * onehot + (1 - onehot) * smoothing / logits.shape[-1]
+    return -(q * log_p).sum(dim=-1)[real].mean()
+
+
+@_add("label smoothing: mean over the batch rows, not the real tokens", "label_smoothed_loss",
+      {"test_label_smoothed_loss"}, "check_label_smoothed_loss", "number of sequences")
+def ls_mean_over_rows(logits, target, smoothing, pad=0):
+    log_p = F.log_softmax(logits, dim=-1)
+    real = target != pad
+    nll = -log_p.gather(-1, target.masked_fill(~real, 0).unsqueeze(-1)).squeeze(-1)
+    per_token = (1 - smoothing) * nll + smoothing * -log_p.mean(dim=-1)
+    return per_token[real].sum() / target.shape[0]
+
+
 # ---- greedy decoding ----------------------------------------------------------------------------------------------------
 @_add("greedy decoding not stopping at the end token", "greedy_decode", {"test_greedy_decode"},
       "check_greedy_decode", "runs to max_len")

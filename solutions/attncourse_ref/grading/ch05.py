@@ -1,13 +1,13 @@
 """Hidden tests for chapter 05: LayerNorm, the feed-forward network, encoder and decoder blocks (against
 torch.nn.TransformerEncoderLayer / TransformerDecoderLayer weights), the encoder and decoder stacks,
-teacher forcing and greedy decoding."""
+teacher forcing, the label-smoothed loss and greedy decoding."""
 import copy
 
 import numpy as np
 import torch
 from torch import nn
 
-from attncourse.checks.ch05 import LAYER_NORM_BUILTINS, TRANSFORMER_BUILTINS
+from attncourse.checks.ch05 import LABEL_SMOOTHING_BUILTINS, LAYER_NORM_BUILTINS, TRANSFORMER_BUILTINS
 from attncourse.layers import prefix_decoder
 
 from .. import transformer as ref
@@ -261,6 +261,30 @@ def sequence_loss(rng):
     return cases
 
 
+# ---- label smoothing ------------------------------------------------------------------------------------------
+# (batch, length, V, smoothing, pad, logit scale, padded): eps = 0 once, padding in all but one case (whose eps is
+# not 0), pad ids other than 0, a large V, large float32 logits once (log(softmax) underflows there).
+_SMOOTHING_SETTINGS = [(3, 5, 6, 0.1, 0, 2.0, True), (2, 6, 5, 0.0, 0, 2.0, True), (4, 4, 8, 0.2, 3, 2.0, True),
+                       (1, 7, 4, 0.05, 0, 1.0, True), (3, 3, 9, 0.5, 0, 3.0, True), (2, 5, 50, 0.1, 7, 2.0, True),
+                       (2, 4, 7, 0.3, 0, 30.0, True), (3, 6, 3, 1.0, 0, 2.0, True), (2, 5, 6, 0.15, 2, 2.0, False),
+                       (4, 5, 12, 0.25, 0, 2.0, True)]
+
+
+@hidden_test("ch05.label_smoothed_loss", forbid=LABEL_SMOOTHING_BUILTINS)
+def label_smoothed_loss(rng):
+    cases = []
+    for i, (b, t, v, eps, pad, scale, padded) in enumerate(_SMOOTHING_SETTINGS):
+        dtype = torch.float32 if scale > 10 else DTYPES[(i + 1) % 2]
+        logits = _tensor(rng, (b, t, v), dtype, scale)
+        target = torch.from_numpy(rng.integers(0, v, size=(b, t)))
+        target = torch.where(target == pad, (target + 1) % v, target)          # real tokens are never pad
+        if padded:
+            target = torch.where(_padded_mask(rng, b, t), target, pad)          # each row: real tokens, then padding
+        kwargs = {"pad": pad} if pad else {}
+        cases.append(function_case(ref.label_smoothed_loss, [logits, target, eps], kwargs, rng=rng, grad_args=(0,)))
+    return cases
+
+
 # ---- greedy decoding ------------------------------------------------------------------------------------------
 def _greedy_problem(rng, batch, dtype, vocab, max_len, hidden=5, length=6):
     weight = _tensor(rng, (vocab, hidden), dtype, 1.5)
@@ -424,9 +448,46 @@ def check_data():
         "pad_4_target": torch.tensor([[3, 1, 0, 2], [2, 0, 4, 4]]),
         "pad_4_loss": ref.sequence_loss(logits, torch.tensor([[3, 1, 0, 2], [2, 0, 4, 4]]), pad=4)}
 
+    # Label smoothing: V = 6, eps = 0.2, row 0 all real, row 1 three real tokens then padding.
+    data["label_smoothing"] = _label_smoothing_check_case()
+
     # Greedy decoding with the fixed decoder attncourse.layers.prefix_decoder.
     data["greedy"] = _greedy_check_case()
     return data
+
+
+def _label_smoothing_check_case():
+    """The stored case of check_label_smoothed_loss and what the classic mistakes give on it."""
+    eps, v = 0.2, 6
+    logits = fixed((2, 5, v), 59) * 2
+    target = torch.tensor([[3, 1, 4, 2, 5], [2, 4, 1, 0, 0]])
+    with torch.enable_grad():
+        lg = logits.clone().requires_grad_()
+        loss = ref.label_smoothed_loss(lg, target, eps)
+        (grad,) = torch.autograd.grad(loss, lg)
+    log_p = torch.log_softmax(logits, -1)
+    nll = -log_p.gather(-1, target[..., None])[..., 0]              # at padding: -log p[pad], the class 0
+    uniform = -log_p.mean(-1)
+    real = target != 0
+    n_real = real.sum()
+
+    def over_real(per_token):
+        return per_token[real].sum() / n_real
+
+    others = (-log_p.sum(-1) - nll) / (v - 1)                       # mean -log p over the V - 1 wrong classes
+    smoothed = (1 - eps) * nll + eps * uniform
+    big = fixed((2, 5, v), 60) * 300
+    pad_4_target = torch.tensor([[3, 1, 0, 2, 5], [2, 0, 1, 4, 4]])
+    return {"logits": logits, "target": target, "smoothing": eps, "loss": loss, "grad": grad,
+            "unsmoothed": over_real(nll),
+            "v_minus_1": over_real((1 - eps) * nll + eps * others),
+            "no_eps_over_v": over_real((1 - eps) * nll + eps * (uniform - nll / v)),
+            "with_padding": smoothed.mean(),
+            "smoothing_on_padding": over_real((1 - eps) * nll) + eps * uniform.mean(),
+            "mean_over_rows": smoothed[real].sum() / target.shape[0],
+            "summed": smoothed[real].sum(),
+            "pad_4_target": pad_4_target, "pad_4_loss": ref.label_smoothed_loss(logits, pad_4_target, eps, pad=4),
+            "big_logits": big, "big_loss": ref.label_smoothed_loss(big, target, eps)}
 
 
 def _decoder_hidden(decoder, tgt_in, memory, memory_mask):

@@ -23,6 +23,14 @@ LAYER_NORM_BUILTINS = ("torch.nn.functional.layer_norm", "torch.layer_norm", "to
 TRANSFORMER_BUILTINS = ("torch.nn.TransformerEncoderLayer", "torch.nn.TransformerDecoderLayer",
                         "torch.nn.TransformerEncoder", "torch.nn.TransformerDecoder", "torch.nn.Transformer",
                         "aten::_transformer_encoder_layer_fwd")
+# Label smoothing is written from scratch, from log-probabilities: F.log_softmax (or logsumexp) may be used,
+# PyTorch's cross-entropy and negative log-likelihood losses may not, with or without label_smoothing or
+# ignore_index (the hidden tests forbid the same list). F.cross_entropy itself is refused at the dispatcher, by
+# the nll_loss_forward it runs: its Python name is not listed, because the grader's source scan reads every
+# solution cell, and sequence_loss's may call F.cross_entropy.
+LABEL_SMOOTHING_BUILTINS = ("torch.nn.CrossEntropyLoss", "torch.nn.functional.nll_loss", "torch.nn.NLLLoss",
+                            "aten::cross_entropy_loss", "aten::nll_loss", "aten::nll_loss_nd", "aten::nll_loss_forward",
+                            "aten::nll_loss2d", "aten::nll_loss2d_forward")
 
 
 def _data():
@@ -419,6 +427,69 @@ def check_sequence_loss(fn):
     if not (isinstance(low, torch.Tensor) and low.dtype == torch.float32):
         fail("float32 logits should give a float32 loss")
     ok("the pad argument is used; float32 in, float32 out")
+
+
+# ---- label smoothing -----------------------------------------------------------------------------------------------
+def check_label_smoothed_loss(fn):
+    """Check label_smoothed_loss(logits, target, smoothing, pad=0): value and gradient, padding, pad id, dtypes."""
+    require_callable(fn, "label_smoothed_loss")
+    c = _data()["label_smoothing"]
+    eps = c["smoothing"]
+    target = torch.tensor(c["target"])
+    with forbidding(LABEL_SMOOTHING_BUILTINS, "label_smoothed_loss"):
+        logits = tensor(c["logits"]).requires_grad_()
+        loss = expect_tensor(call(fn, logits, target, eps, what=f"label_smoothed_loss(logits, target, {eps})"),
+                             "the loss", shape=(), dtype=torch.float64)
+        if not close(loss, _scalar(c["loss"]), 1e-9):
+            for key, message in [
+                    ("unsmoothed", f"with smoothing={eps} you returned the plain cross-entropy: the smoothing argument "
+                                   "is ignored"),
+                    ("v_minus_1", "you spread the smoothing over the V - 1 wrong classes (target 1 - eps, the others "
+                                  "eps / (V - 1)). That is another convention; this exercise uses F.cross_entropy's "
+                                  "label_smoothing: eps spread over all V classes, so the target gets 1 - eps + eps / V "
+                                  "and every other class eps / V"),
+                    ("no_eps_over_v", "your target class gets 1 - eps and the others eps / V, so the smoothed target "
+                                      "does not sum to 1: eps is spread over all V classes, the target included, which "
+                                      "gets 1 - eps + eps / V. Per token: (1 - eps) * (-log p[target]) + eps * "
+                                      "mean over the V classes of (-log p)"),
+                    ("with_padding", "padding is counted in the loss: positions whose target is pad must be left out of "
+                                     "both terms, and the mean taken over the real tokens only"),
+                    ("smoothing_on_padding", "the smoothing term is taken over every position, padding included: leave "
+                                             "the padded positions out of the eps * mean(-log p) term too"),
+                    ("mean_over_rows", "you divided by the number of sequences (batch rows); divide the total by the "
+                                       "number of real (non-pad) tokens in the whole batch"),
+                    ("summed", "you summed over the real tokens; take the mean, so the loss does not grow with the "
+                               "batch")]:
+                if close(loss, _scalar(c[key]), 1e-9):
+                    fail(message)
+            fail(f"the loss is {float(loss):.6f}, expected {float(_scalar(c['loss'])):.6f}: at each real position "
+                 "(1 - eps) * (-log p[target]) + eps * mean over the V classes of (-log p), averaged over the real "
+                 "tokens")
+        ok(f"smoothing {eps}: (1 - eps) on the target plus eps / V on every class, padding ignored")
+        if not loss.requires_grad:
+            fail("the loss is cut off from autograd (.detach(), .item(), .numpy() or torch.no_grad()): it is a "
+                 "training loss, and the hidden tests backpropagate through it")
+        (g,) = torch.autograd.grad(loss, logits)
+        if not close(g, tensor(c["grad"]), 1e-9):
+            fail(f"the loss is right but its gradient is not (max error {max_error(g, tensor(c['grad'])):.3g}): "
+                 "compute it with differentiable torch operations")
+        zero = call(fn, tensor(c["logits"]), target, 0.0, what="label_smoothed_loss(logits, target, 0.0)")
+        if not close(zero, _scalar(c["unsmoothed"]), 1e-9):
+            fail("with smoothing=0.0 the loss must be the plain cross-entropy over the real tokens (sequence_loss)")
+        other = call(fn, tensor(c["logits"]), torch.tensor(c["pad_4_target"]), eps, pad=4,
+                     what=f"label_smoothed_loss(..., {eps}, pad=4)")
+        if not close(other, _scalar(c["pad_4_loss"]), 1e-9):
+            fail("with pad=4 the positions whose target is 4 must be ignored: use the pad argument, not 0")
+        ok("the gradient matches; smoothing 0 is the plain cross-entropy; the pad argument is used")
+        big = call(fn, tensor(c["big_logits"]).float(), target, eps, what="label_smoothed_loss on large float32 logits")
+        if not (isinstance(big, torch.Tensor) and big.dtype == torch.float32):
+            fail("float32 logits should give a float32 loss")
+        if not bool(torch.isfinite(big)):
+            fail("large float32 logits (differences of a few hundred) give an infinite or NaN loss: log(softmax(x)) "
+                 "rounds small probabilities to 0 and log(0) = -inf. Use F.log_softmax, or x - logsumexp(x)")
+        if not close(big.double(), _scalar(c["big_loss"]), 1e-3 * float(_scalar(c["big_loss"]))):
+            fail(f"on large float32 logits the loss is {float(big):.6g}, expected {float(_scalar(c['big_loss'])):.6g}")
+    ok("float32 in, float32 out, and stable on large logits")
 
 
 # ---- greedy decoding -----------------------------------------------------------------------------------------------
