@@ -110,11 +110,14 @@ def disable_killer(submission, source, workdir, timeout):
     return nbtools.grade_info(submission.cells[i]).get("grade_id", f"cell {i}")
 
 
-def audit(sub_path):
-    """[(cell grade_id or index, what, line)] for suspicious lines outside test cells."""
+def audit(sub_path, release_nb=None):
+    """[(cell grade_id or index, what, line)] for suspicious lines outside test cells and outside the
+    code the release gives unchanged (the set-up cell installs with pip: not the student's doing)."""
+    given = set() if release_nb is None else \
+        {c.source for c in release_nb.cells if c.cell_type == "code" and not nbtools.is_solution(c)}
     found = []
     for idx, cell in enumerate(nbtools.read(sub_path).cells):
-        if cell.cell_type != "code" or nbtools.is_test(cell):
+        if cell.cell_type != "code" or nbtools.is_test(cell) or (cell.source in given and not nbtools.is_solution(cell)):
             continue
         for line in cell.source.splitlines():
             for what, pattern in SUSPICIOUS.items():
@@ -311,7 +314,7 @@ def main(argv=None):
     for student in students:
         score = notebook_score(root, args.chapter, student)
         sub = root / "submitted" / student / args.chapter / nbtools.chapter_notebook(args.chapter).name
-        hits = audit(sub) if sub.exists() and status[student].startswith("graded") else []
+        hits = audit(sub, release) if sub.exists() and status[student].startswith("graded") else []
         flagged += [(student, *h) for h in hits]
         rows.append((student, score, status[student], len(hits)))
     confinement_note = "; ".join(sorted(confinement_seen)) or "no submission was graded"
