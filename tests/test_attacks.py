@@ -404,11 +404,15 @@ def test_a_confined_kernel_runs_gloo_ranks_in_a_network_of_its_own(tmp_path):
     targets = [u.path for u in unix] + [f"/proc/{os.getpid()}/root{u.path}" for u in unix]
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "ATTNCOURSE_GRADER_CONTROL"}
-    env.update(ATTNCOURSE_SANDBOX_REPORT=str(report), ATTNCOURSE_SANDBOX_TMP=str(tmp_path / "tmp"))
+    env.update(ATTNCOURSE_SANDBOX_REPORT=str(report), ATTNCOURSE_SANDBOX_TMP=str(tmp_path / "tmp"),
+               # what a grader that once ran torch.compile passes on: a cache folder outside the kernel's reach
+               TORCHINDUCTOR_CACHE_DIR=str(outside / "torchinductor"))
     km = KernelManager(kernel_name=confinement.KERNEL)
     km.start_kernel(cwd=str(tmp_path), env=env)
     code = f"""
 import os, socket, torch, torch.distributed as dist
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+assert cache_dir().startswith({str(tmp_path / "tmp")!r}), cache_dir()
 from attncourse.lab.ranks import ranks_can_be_processes, run_ranks
 def where(x):
     dist.all_reduce(x)

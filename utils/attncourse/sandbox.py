@@ -281,8 +281,12 @@ def _owned(pid):
 
 def _private_home(tmp):
     """Point every per-user cache at the private directory (the real home is out of reach)."""
+    # PyTorch's compile caches too: torch._inductor writes TORCHINDUCTOR_CACHE_DIR into the environment
+    # of the process that compiled (a grader that ran torch.compile passes /tmp/torchinductor_<user> on).
     for var, sub in [("HOME", ""), ("TMPDIR", ""), ("IPYTHONDIR", "ipython"), ("MPLCONFIGDIR", "matplotlib"),
-                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("XDG_CACHE_HOME", "cache")]:
+                     ("JUPYTER_RUNTIME_DIR", "runtime"), ("XDG_CACHE_HOME", "cache"),
+                     ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("TRITON_CACHE_DIR", "triton"),
+                     ("TORCH_EXTENSIONS_DIR", "torch_extensions")]:
         path = os.path.join(tmp, sub)
         os.makedirs(path, exist_ok=True)
         os.environ[var] = path
