@@ -336,10 +336,10 @@ def confine(connection_file, cgroups=None):
     keep = [cwd, tmp, *read_paths(), *([os.path.dirname(control)] if control else [])]
     if ipc:
         keep.append(os.path.dirname(os.path.abspath(info["ip"])))
+    _private_home(tmp)                             # before the mounts: it copies the grader's font cache from /tmp
     report["socket_folders_hidden"] = _private_mounts(keep)
     os.chdir(cwd)                                  # through the mount that stays visible
     open_channel(tmp, cgroups or {}, report)
-    _private_home(tmp)
     ports = None if private_net else \
         [] if ipc else [int(info[k]) for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port") if info.get(k)]
     _limits(report, cgroups or {})
