@@ -153,7 +153,7 @@ def forbidden_uses(submission, release_nb, paths):
     audit (dynamic code) cover those."""
     if not paths:
         return []
-    given = {c.source for c in release_nb.cells if c.cell_type == "code" and not nbtools.is_solution(c)}
+    given = nbtools.given_code(release_nb)
     finals = {_final(p) for p in paths}
     found = []
     for cell in submission.cells:

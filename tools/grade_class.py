@@ -113,8 +113,7 @@ def disable_killer(submission, source, workdir, timeout):
 def audit(sub_path, release_nb=None):
     """[(cell grade_id or index, what, line)] for suspicious lines outside test cells and outside the
     code the release gives unchanged (the set-up cell installs with pip: not the student's doing)."""
-    given = set() if release_nb is None else \
-        {c.source for c in release_nb.cells if c.cell_type == "code" and not nbtools.is_solution(c)}
+    given = set() if release_nb is None else nbtools.given_code(release_nb)
     found = []
     for idx, cell in enumerate(nbtools.read(sub_path).cells):
         if cell.cell_type != "code" or nbtools.is_test(cell) or (cell.source in given and not nbtools.is_solution(cell)):

@@ -41,6 +41,11 @@ def grade_info(cell):
     return cell.get("metadata", {}).get("nbgrader", {})
 
 
+def given_code(release_nb):
+    """Sources of the code cells a release gives learners to run unchanged (not their solution cells)."""
+    return {c.source for c in release_nb.cells if c.cell_type == "code" and not is_solution(c)}
+
+
 def is_solution(cell):
     return bool(grade_info(cell).get("solution"))
 
