@@ -269,3 +269,82 @@ def test_dense_parameters_match_huggingface_mistral(d, layers, heads, kv, ffn, v
 def test_mixtral_published_sizes():
     total, active = ref.transformer_parameters(4096, 32, 32, 8, 14336, 32000, 8, 2)
     assert round(total / 1e9, 1) == 46.7 and round(active / 1e9, 1) == 12.9
+
+
+# ---- auxiliary-loss-free balancing (DeepSeek-V3) ----------------------------------------------------------------
+@given(rows=st.integers(1, 5), n_experts=st.integers(1, 24), data=st.data(), dtype=dtypes)
+def test_biased_router_chooses_by_logits_plus_bias_and_gates_by_logits(rows, n_experts, data, dtype):
+    k = data.draw(st.integers(1, n_experts))
+    ints = st.integers(-2, 2)
+    logits = torch.tensor([[float(data.draw(ints)) for _ in range(n_experts)] for _ in range(rows)], dtype=dtype)
+    bias = torch.tensor([float(data.draw(ints)) for _ in range(n_experts)], dtype=dtype)
+    gates, experts = ref.biased_top_k_router(logits, bias, k)
+    assert experts.dtype == torch.int64 and gates.dtype == dtype
+    for r in range(rows):
+        scores = (logits[r] + bias).tolist()
+        order = sorted(range(n_experts), key=lambda i: (-scores[i], i))[:k]      # ties to the lower index
+        assert experts[r].tolist() == order
+        torch.testing.assert_close(gates[r], torch.softmax(logits[r, order], -1))
+
+
+def test_biased_router_with_zero_bias_is_top_k_router_and_the_bias_gets_no_gradient():
+    torch.manual_seed(3)
+    logits = torch.randn(4, 7, 6, dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(6, dtype=torch.float64, requires_grad=True)
+    gates, experts = ref.biased_top_k_router(logits, bias, 2)
+    want_gates, want_experts = ref.top_k_router(logits, 2)
+    assert torch.equal(experts, want_experts) and torch.equal(gates, want_gates)
+    bias.data += torch.tensor([0.0, 5.0, 0.0, 0.0, 0.0, -5.0], dtype=torch.float64)
+    gates, experts = ref.biased_top_k_router(logits, bias, 2)
+    assert (experts[..., 0] == 1).all() and not (experts == 5).any()
+    assert torch.autograd.grad(gates.pow(3).sum(), bias, allow_unused=True)[0] is None
+
+
+@given(lead=st.lists(st.integers(1, 5), min_size=1, max_size=2), n_experts=st.integers(1, 9), data=st.data(),
+       dtype=dtypes, gamma=st.sampled_from([1e-3, 0.01, 0.5]))
+def test_update_bias_is_the_sign_rule(lead, n_experts, data, dtype, gamma):
+    k = data.draw(st.integers(1, n_experts))
+    experts = torch.stack([torch.randperm(n_experts)[:k] for _ in range(math.prod(lead))]).reshape(*lead, k)
+    bias = torch.randn(n_experts, dtype=dtype).requires_grad_(True)
+    before = bias.detach().clone()
+    new = ref.update_bias(bias, experts, gamma)
+    assert new.dtype == dtype and not new.requires_grad and torch.equal(bias.detach(), before)
+    load = [int((experts == e).sum()) for e in range(n_experts)]
+    mean = experts.numel() / n_experts
+    want = [b + gamma * ((l < mean) - (l > mean)) for b, l in zip(before.tolist(), load)]
+    torch.testing.assert_close(new, torch.tensor(want, dtype=dtype))
+
+
+def _dense_deepseek(layer, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    gates, experts = ref.biased_top_k_router(layer.router(tokens), layer.bias, layer.k)
+    y = sum((s(tokens) for s in layer.shared), torch.zeros_like(tokens))
+    for e, expert in enumerate(layer.experts):
+        y = y + (gates * (experts == e)).sum(-1, keepdim=True) * expert(tokens)
+    return y.reshape(x.shape)
+
+
+@given(shape=st.sampled_from([(5,), (3, 5), (2, 4, 5)]), n_experts=st.integers(1, 8), n_shared=st.integers(0, 2),
+       data=st.data(), dtype=dtypes, seed=st.integers(0, 2**16))
+def test_deepseek_moe_matches_the_dense_loop(shape, n_experts, n_shared, data, dtype, seed):
+    k = data.draw(st.integers(1, n_experts))
+    torch.manual_seed(seed)
+    layer = ref.DeepSeekMoE(5, 7, n_experts, k, n_shared).to(dtype)
+    layer.bias.copy_(torch.randn(n_experts, dtype=dtype) * 2)
+    x = torch.randn(shape, dtype=dtype)
+    with torch.no_grad():
+        y, logits = layer(x)
+        torch.testing.assert_close(y, _dense_deepseek(layer, x))
+        torch.testing.assert_close(logits, layer.router(x))
+    assert [n for n, _ in layer.named_buffers()] == ["bias"]
+    assert "bias" not in dict(layer.named_parameters())
+
+
+def test_deepseek_moe_without_shared_experts_and_bias_is_the_moe_layer():
+    torch.manual_seed(4)
+    plain = ref.MoE(6, 8, 5, 2).double()
+    layer = ref.DeepSeekMoE(6, 8, 5, 2, n_shared=0).double()
+    layer.load_state_dict({**plain.state_dict(), "bias": torch.zeros(5, dtype=torch.float64)})
+    x = torch.randn(3, 4, 6, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x)[0], plain(x)[0], rtol=1e-14, atol=1e-14)

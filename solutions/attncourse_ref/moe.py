@@ -1,7 +1,8 @@
 """Chapter 08: modern tweaks and Mixture-of-Experts (reference implementation).
 
 RMSNorm, SwiGLU, a top-k router, expert capacity, the MoE layer, the Switch load-balancing
-loss, the router z-loss, and the parameter bookkeeping of a (MoE) Transformer.
+loss, the router z-loss, DeepSeek-V3's auxiliary-loss-free balancing (a biased router, its bias
+update and a layer with shared experts), and the parameter bookkeeping of a (MoE) Transformer.
 """
 import math
 
@@ -122,6 +123,65 @@ def load_balancing_loss(logits, experts):
 def router_z_loss(logits):
     """ST-MoE router z-loss: mean over tokens of logsumexp(logits)^2; logits [..., E]."""
     return torch.logsumexp(logits, dim=-1).pow(2).mean()
+
+
+def biased_top_k_router(logits, bias, k):
+    """Top-k routing with a per-expert bias that moves the choice but not the gates (DeepSeek-V3).
+
+    logits [..., E], bias [E] (same dtype) -> (gates [..., k], experts [..., k] int64). Experts: the k
+    largest of logits + bias, in descending order of logits + bias, ties to the lower index; gates:
+    the softmax over the chosen experts' UNBIASED logits (top_k_router's convention, so a zero bias
+    gives top_k_router's answer). The bias gets no gradient: it only picks the indices.
+    """
+    experts = torch.sort(logits + bias, dim=-1, descending=True, stable=True).indices[..., :k]
+    gates = torch.softmax(logits.gather(-1, experts), dim=-1)
+    return gates, experts
+
+
+def update_bias(bias, experts, gamma):
+    """DeepSeek-V3's bias update after a batch: b_i + gamma * sign(mean load - load_i).
+
+    bias [E]; experts int64 [..., k], the batch's choices; load_i = how many of the T*k assignments
+    went to expert i, mean load = T*k / E. An overloaded expert's bias drops by gamma, an underloaded
+    one's rises by gamma, one exactly at the mean keeps its bias. Returns a new tensor of the bias's
+    dtype with no autograd history (the bias is not trained by gradients); the input is unchanged.
+    """
+    with torch.no_grad():
+        n_experts = bias.shape[-1]
+        load = torch.bincount(experts.reshape(-1), minlength=n_experts).to(bias.dtype)
+        return bias.detach() + gamma * torch.sign(experts.numel() / n_experts - load)
+
+
+class DeepSeekMoE(nn.Module):
+    """An MoE layer with shared experts and auxiliary-loss-free routing, as in DeepSeek-V3.
+
+    Parameters: router.weight [E, D]; experts.<e> and shared.<s> SwiGLU(d_model, d_hidden); buffer
+    bias [E] (zeros; changed by update_bias, not by the optimiser). forward(x [..., D]) ->
+    (y [..., D], router logits [..., E], unbiased): y = sum of the n_shared shared experts' outputs
+    (every token, no gate) + sum over each token's k experts chosen by biased_top_k_router of
+    gate * expert(x). No capacity: no token is dropped.
+    """
+
+    def __init__(self, d_model, d_hidden, n_experts, k, n_shared=1):
+        super().__init__()
+        self.n_experts, self.k = n_experts, k
+        self.router = nn.Linear(d_model, n_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(d_model, d_hidden) for _ in range(n_experts))
+        self.shared = nn.ModuleList(SwiGLU(d_model, d_hidden) for _ in range(n_shared))
+        self.register_buffer("bias", torch.zeros(n_experts))
+
+    def forward(self, x):
+        tokens = x.reshape(-1, x.shape[-1])
+        logits = self.router(tokens)
+        gates, experts = biased_top_k_router(logits, self.bias, self.k)
+        y = torch.zeros_like(tokens)
+        for expert in self.shared:
+            y = y + expert(tokens)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(experts == e)
+            if token.numel():
+                y = y.index_add(0, token, gates[token, slot, None] * expert(tokens[token]))
+        return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
 
 
 def transformer_parameters(d_model, n_layers, n_heads, n_kv_heads, d_ffn, vocab_size, n_experts=1, top_k=1):

@@ -114,10 +114,12 @@ def evaluate(model, data, batches, batch_size, context, seed=1234):
 
 
 def train(model, data, steps, batch_size=32, context=64, lr=3e-3, aux_loss=None, eval_every=50,
-          eval_batches=4, seed=0):
+          eval_batches=4, seed=0, after_step=None):
     """AdamW on next-character prediction; the data order depends only on ``seed``.
 
     aux_loss(router_logits: list of tensors) -> scalar, added to the cross-entropy (MoE models).
+    after_step(model), if given, runs after each optimiser step under torch.no_grad(), while
+    model.router_logits() still holds that step's router logits (DeepSeek-V3's bias update).
     Returns {"step", "val_loss", "train_loss", "tokens_per_s"}: validation loss every
     ``eval_every`` steps (and at step 0), and training throughput (tokens per second, excluding
     evaluation).
@@ -129,12 +131,13 @@ def train(model, data, steps, batch_size=32, context=64, lr=3e-3, aux_loss=None,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(model, data, steps, batch_size, context, lr, aux_loss, eval_every, eval_batches, seed)
+        return _train(model, data, steps, batch_size, context, lr, aux_loss, eval_every, eval_batches, seed,
+                      after_step)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(model, data, steps, batch_size, context, lr, aux_loss, eval_every, eval_batches, seed):
+def _train(model, data, steps, batch_size, context, lr, aux_loss, eval_every, eval_batches, seed, after_step):
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed)
     history = {"step": [0], "val_loss": [evaluate(model, data, eval_batches, batch_size, context)],
@@ -148,6 +151,9 @@ def _train(model, data, steps, batch_size, context, lr, aux_loss, eval_every, ev
         opt.zero_grad(set_to_none=True)
         total.backward()
         opt.step()
+        if after_step is not None:
+            with torch.no_grad():
+                after_step(model)
         busy += time.perf_counter() - t0
         history["train_loss"].append(loss.item())
         if step % eval_every == 0 or step == steps:
