@@ -108,6 +108,15 @@ CLAIMS = {
               lambda out: row(out, "MoE 8 experts, top-2")[-1] < row(out, "dense SwiGLU")[-1]),
         Claim("Without the balance loss the router collapses", "x_val, _ = data.batch(",
               lambda out: max(row(out, "MoE, no load balancing")[:4]) > 50 and max(row(out, "MoE 8 experts, top-2")[:4]) < 45),
+        Claim("With neither method the busiest expert of some layer takes more than twice its share", "GAMMA = 0.03",
+              lambda out: max(row(out, "neither")[:4]) > 2),
+        Claim("the load-balancing loss and the bias update both keep every layer's busiest expert under 1.8 times its "
+              "share", "GAMMA = 0.03",
+              lambda out: max(row(out, "load-balancing loss")[:4]) < 1.8 and max(row(out, "bias update")[:4]) < 1.8),
+        Claim("At this size and length of training the three validation losses lie within 0.05 of each other",
+              "GAMMA = 0.03",
+              lambda out: max(row(out, label)[-1] for label in ("neither", "load-balancing loss", "bias update"))
+              - min(row(out, label)[-1] for label in ("neither", "load-balancing loss", "bias update")) < 0.05),
     ],
     "ch09": [
         Claim("Without clipping, AdamW ends with the same weights whether or not the division is there, while SGD's "

@@ -17,7 +17,9 @@ RMS = {"test_rms_norm", "test_rms_norm_grad"}
 MOE = {"test_moe", "test_moe_capacity"}
 # The MoE layer's experts are the learner's SwiGLU and it routes with the learner's top_k_router and
 # capacity_mask: their mistakes also fail the MoE cells (unless the layer's random cases hide them).
-SWIGLU = {"test_swiglu"} | MOE
+# DeepSeekMoE's experts are SwiGLUs too, and it routes with the learner's biased_top_k_router.
+DEEPSEEK = {"test_deepseek_moe"}
+SWIGLU = {"test_swiglu"} | MOE | DEEPSEEK
 ROUTER = {"test_top_k_router"}
 CAPACITY = {"test_capacity_mask", "test_moe_capacity"}
 VARIANTS, _add = collector()
@@ -472,3 +474,131 @@ def parameters_float(d_model, n_layers, n_heads, n_kv_heads, d_ffn, vocab_size, 
     router = n_experts * d_model if n_experts > 1 else 0
     shared = n_layers * (attention + router + 2 * d_model) + d_model + 2 * vocab_size * d_model
     return shared + n_layers * n_experts * expert, shared + n_layers * top_k * expert
+
+
+# ---- auxiliary-loss-free balancing (DeepSeek-V3) ------------------------------------------------------------------
+BIASED = {"test_biased_top_k_router"}
+
+
+@_add("bias used in the gate weights too", "biased_top_k_router", BIASED | DEEPSEEK, "check_biased_top_k_router",
+      "unbiased logits")
+def biased_gates_with_bias(logits, bias, k):
+    scores = logits + bias
+    experts = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+    return torch.softmax(scores.gather(-1, experts), dim=-1), experts
+
+
+@_add("bias added after the top-k (no effect on the choice)", "biased_top_k_router", BIASED | DEEPSEEK,
+      "check_biased_top_k_router", "after the top-k")
+def biased_after_top_k(logits, bias, k):
+    experts = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k]
+    return torch.softmax(logits.gather(-1, experts) + bias[experts], dim=-1), experts
+
+
+@_add("bias subtracted from the logits", "biased_top_k_router", BIASED | DEEPSEEK, "check_biased_top_k_router",
+      "logits + bias")
+def biased_subtracted(logits, bias, k):
+    experts = torch.sort(logits - bias, dim=-1, descending=True, stable=True).indices[..., :k]
+    return torch.softmax(logits.gather(-1, experts), dim=-1), experts
+
+
+@_add("biased router: descending sort without stable=True (ties in long rows)", "biased_top_k_router", BIASED,
+      "check_biased_top_k_router", "more than 16")
+def biased_unstable_sort(logits, bias, k):
+    experts = torch.sort(logits + bias, dim=-1, descending=True).indices[..., :k]
+    return torch.softmax(logits.gather(-1, experts), dim=-1), experts
+
+
+UPDATE = {"test_update_bias"}
+
+
+@_add("bias update with the sign reversed", "update_bias", UPDATE, "check_update_bias", "overloaded")
+def update_reversed(bias, experts, gamma):
+    load = torch.bincount(experts.reshape(-1), minlength=bias.shape[-1]).to(bias.dtype)
+    return bias.detach() + gamma * torch.sign(load - experts.numel() / bias.shape[-1])
+
+
+@_add("bias update by the load difference, not its sign", "update_bias", UPDATE, "check_update_bias", "sign")
+def update_difference(bias, experts, gamma):
+    load = torch.bincount(experts.reshape(-1), minlength=bias.shape[-1]).to(bias.dtype)
+    return bias.detach() + gamma * (experts.numel() / bias.shape[-1] - load)
+
+
+@_add("mean load per token, not per assignment (k left out)", "update_bias", UPDATE, "check_update_bias", "T * k")
+def update_mean_without_k(bias, experts, gamma):
+    load = torch.bincount(experts.reshape(-1), minlength=bias.shape[-1]).to(bias.dtype)
+    tokens = experts.numel() // experts.shape[-1]
+    return bias.detach() + gamma * torch.sign(tokens / bias.shape[-1] - load)
+
+
+@_add("an expert exactly at the mean load is moved too", "update_bias", UPDATE, "check_update_bias",
+      "exactly at the mean")
+def update_no_zero(bias, experts, gamma):
+    load = torch.bincount(experts.reshape(-1), minlength=bias.shape[-1]).to(bias.dtype)
+    return bias.detach() + torch.where(load < experts.numel() / bias.shape[-1], gamma, -gamma)
+
+
+@_add("bias updated in place", "update_bias", UPDATE, "check_update_bias", "in place")
+def update_in_place(bias, experts, gamma):
+    load = torch.bincount(experts.reshape(-1), minlength=bias.shape[-1]).to(bias.dtype)
+    with torch.no_grad():
+        bias += gamma * torch.sign(experts.numel() / bias.shape[-1] - load)
+    return bias
+
+
+@_add("DeepSeekMoE routes without the bias", "deepseek_moe", DEEPSEEK, "check_deepseek_moe", "without the bias")
+def deepseek_no_bias(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    experts = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :self.k]
+    gates = torch.softmax(logits.gather(-1, experts), dim=-1)
+    y = torch.zeros_like(tokens)
+    for expert in self.shared:
+        y = y + expert(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where(experts == e)
+        y = y.index_add(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+@_add("shared expert gated by the router", "deepseek_moe", DEEPSEEK, "check_deepseek_moe", "no gate")
+def deepseek_shared_gated(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    experts = torch.sort(logits + self.bias, dim=-1, descending=True, stable=True).indices[..., :self.k]
+    gates = torch.softmax(logits.gather(-1, experts), dim=-1)
+    y = torch.zeros_like(tokens)
+    for expert in self.shared:
+        y = y + gates[:, :1] * expert(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where(experts == e)
+        y = y.index_add(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+@_add("shared experts left out", "deepseek_moe", DEEPSEEK, "check_deepseek_moe", "shared experts")
+def deepseek_no_shared(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    experts = torch.sort(logits + self.bias, dim=-1, descending=True, stable=True).indices[..., :self.k]
+    gates = torch.softmax(logits.gather(-1, experts), dim=-1)
+    y = torch.zeros_like(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where(experts == e)
+        y = y.index_add(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+@_add("DeepSeekMoE returns the biased logits", "deepseek_moe", DEEPSEEK, "check_deepseek_moe", "unbiased")
+def deepseek_biased_logits(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    scores = self.router(tokens) + self.bias
+    experts = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :self.k]
+    gates = torch.softmax((scores - self.bias).gather(-1, experts), dim=-1)
+    y = torch.zeros_like(tokens)
+    for expert in self.shared:
+        y = y + expert(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where(experts == e)
+        y = y.index_add(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), scores.reshape(*x.shape[:-1], self.n_experts)

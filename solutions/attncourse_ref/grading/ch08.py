@@ -1,6 +1,6 @@
 """Hidden tests for chapter 08: RMSNorm, SwiGLU, the top-k router, expert capacity, the MoE layer
-(against a dense loop in tests/test_ch08_reference.py), the load-balancing and z-losses, and the
-parameter count of a (MoE) Transformer."""
+(against a dense loop in tests/test_ch08_reference.py), the load-balancing and z-losses, DeepSeek-V3's
+biased router, bias update and shared-expert layer, and the parameter count of a (MoE) Transformer."""
 import math
 
 import numpy as np
@@ -210,6 +210,89 @@ def router_z_loss(rng):
     return cases
 
 
+# ---- auxiliary-loss-free balancing (DeepSeek-V3) -------------------------------------------------------------
+@hidden_test("ch08.biased_top_k_router")
+def biased_top_k_router(rng):
+    cases = []
+    for i in range(14):
+        lead = LEADING[i % len(LEADING)] + (int(rng.integers(2, 7)),)
+        tied = i % 2 == 1 or i == 0
+        dtype = torch.float32 if i % 4 == 0 else torch.float64
+        # Tied rows are long (17 to 40 experts): see top_k_router's test.
+        n_experts = int(rng.integers(17, 41)) if tied else int(rng.integers(3, 12))
+        k = int(rng.integers(2, 7)) if tied else int(rng.integers(1, n_experts))
+        if tied:      # small integers: exact ties in logits + bias, some straddling the k-th place
+            logits = torch.from_numpy(rng.integers(-2, 3, size=lead + (n_experts,)).astype(float)).to(dtype)
+            bias = torch.from_numpy(rng.integers(-1, 2, size=n_experts).astype(float)).to(dtype)
+        else:         # a bias as large as the logits: it changes many tokens' choices
+            logits = _tensor(rng, lead + (n_experts,), dtype, float(rng.uniform(0.5, 2.0)))
+            bias = _tensor(rng, (n_experts,), dtype, 1.5)
+        cases.append(function_case(ref.biased_top_k_router, [logits, bias, k], rng=rng,
+                                   grad_args=(0, 1) if i % 2 == 0 else ()))
+    return cases
+
+
+def _loads(rng, n_experts, tokens, k):
+    """Choices ([tokens, k], k different experts per token) whose per-expert loads are drawn: some experts
+    exactly at the mean load, some idle, the others above or below it."""
+    mean = tokens * k // n_experts
+    counts = np.full(n_experts, mean)
+    movable = [e for e in range(n_experts) if rng.random() < 0.7]
+    movable = movable if len(movable) >= 2 else [0, n_experts - 1]
+    for _ in range(3 * n_experts):
+        a, b = rng.choice(movable, 2, replace=False)
+        step = int(rng.integers(1, max(2, mean // 2 + 1)))
+        if counts[a] >= step and counts[b] + step <= tokens:
+            counts[a] -= step
+            counts[b] += step
+    if (counts == mean).all():
+        counts[movable[:2]] += [-1, 1]
+    flat = np.repeat(np.arange(n_experts), counts)           # expert runs of at most `tokens`
+    grid = flat.reshape(k, tokens).T                          # token t: entries t, T + t, ...: k different experts
+    return torch.from_numpy(grid[rng.permutation(tokens)].copy()).long()
+
+
+@hidden_test("ch08.update_bias")
+def update_bias(rng):
+    cases = []
+    for i in range(10):
+        dtype = torch.float32 if i % 3 == 0 else torch.float64
+        n_experts = int(rng.integers(3, 17))
+        k = min(n_experts - 1, 1 + i % 4)
+        if i % 5 == 4:           # the choices of a skewed router, any leading shape
+            lead = LEADING[1 + i % 3] + (int(rng.integers(3, 9)),)
+            experts = _routed(rng, lead, n_experts, k, skew=2.0)
+        else:                    # drawn loads: T k a multiple of E, so some experts sit exactly at the mean
+            tokens = n_experts * int(rng.integers(2, 6))
+            experts = _loads(rng, n_experts, tokens, k)
+            if i % 2:
+                experts = experts.reshape(2, tokens // 2, k) if tokens % 2 == 0 else experts[None]
+        bias = _tensor(rng, (n_experts,), dtype, 0.01)
+        gamma = [1e-3, 0.01, 0.25, 0.05][i % 4]
+        cases.append(function_case(ref.update_bias, [bias, experts, gamma]))
+    return cases
+
+
+@hidden_test("ch08.deepseek_moe")
+def deepseek_moe(rng):
+    cases = []
+    for i in range(10):
+        d, h = int(rng.integers(2, 7)), int(rng.integers(2, 8))
+        n_experts = int(rng.integers(3, 9))
+        k = min(n_experts - 1, [2, 1, 3, 2, 2][i % 5])
+        n_shared = 0 if i == 3 else [1, 1, 2, 1, 1][i % 5]
+        dtype = torch.float32 if i % 3 == 0 else torch.float64
+        _seed_torch(rng)
+        module = ref.DeepSeekMoE(d, h, n_experts, k, n_shared).to(dtype)
+        with torch.no_grad():     # a bias as large as the logits, so it changes the choices
+            module.bias.copy_(_tensor(rng, (n_experts,), dtype, 1.5))
+        shapes = [(d,), (int(rng.integers(2, 6)), d), (2, int(rng.integers(2, 5)), d), (2, 2, 3, d)]
+        x = _tensor(rng, shapes[i % len(shapes)] if i else (5, d), dtype)
+        init = {"d_model": d, "d_hidden": h, "n_experts": n_experts, "k": k, "n_shared": n_shared}
+        cases.append(module_case(module, init, [x]))
+    return cases
+
+
 # ---- bookkeeping -------------------------------------------------------------------------------------------
 @hidden_test("ch08.transformer_parameters")
 def transformer_parameters(rng):
@@ -384,7 +467,73 @@ def _check_data():
               "mistakes": {"no_gqa": list(ref.transformer_parameters(**{**mixtral, "n_kv_heads": 32})),
                            "tied": [c - 32000 * 4096 for c in ref.transformer_parameters(**mixtral)]}}
     return {"rms_norm": rms, "swiglu": swiglu, "swiglu_hidden": hidden, "router": router, "capacity": capacity,
-            "moe": moe, "moe_capacity": moe_capacity, "balance": balance, "z_loss": z, "params": params}
+            "moe": moe, "moe_capacity": moe_capacity, "balance": balance, "z_loss": z, "params": params,
+            **_aux_free_data()}
+
+
+def _aux_free_data():
+    """DeepSeek-V3's biased router, bias update and shared-expert layer, with what common mistakes return."""
+    # Router: a bias that moves several tokens' choices (expert 1 up, expert 3 down).
+    logits = fixed((4, 6), 11)
+    bias = torch.tensor([0.0, 1.5, 0.0, -2.0, 0.0, 0.5], dtype=torch.float64)
+    gates, experts = ref.biased_top_k_router(logits, bias, 2)
+    lg = logits.clone().requires_grad_(True)
+    cot = fixed((4, 2), 12)
+    (grad,) = torch.autograd.grad((ref.biased_top_k_router(lg, bias, 2)[0] * cot).sum(), lg)
+    scores = logits + bias
+    chosen = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :2]
+    # 24 experts, logit 1 at 0, 3, 6, ... and bias 1 at 1, 4, 7, ...: scores tie at 2 everywhere they are 2.
+    long_logits = torch.tensor([1.0 if i % 3 == 0 else 0.0 for i in range(24)], dtype=torch.float64)
+    long_bias = torch.tensor([1.0 if i % 3 == 1 else (2.0 if i == 23 else 0.0) for i in range(24)], dtype=torch.float64)
+    biased_router = {
+        "logits": logits, "bias": bias, "k": 2, "gates": gates, "experts": experts, "cotangent": cot, "grad": grad,
+        "mistakes": {"bias_in_gates": torch.softmax(scores.gather(-1, chosen), dim=-1),
+                     "unbiased_experts": ref.top_k_router(logits, 2)[1],
+                     "subtracted_experts": ref.top_k_router(logits - bias, 2)[1]},
+        "long_logits": long_logits, "long_bias": long_bias, "long_k": 5,
+        "long_experts": ref.biased_top_k_router(long_logits, long_bias, 5)[1]}
+
+    # Bias update: 6 tokens, k = 2 of 4 experts, loads [5, 3, 2, 2] against a mean of 3.
+    up_experts = torch.tensor([[0, 1], [0, 2], [0, 3], [1, 0], [0, 2], [1, 3]])
+    up_bias = torch.tensor([0.2, -0.1, 0.05, 0.0], dtype=torch.float64)
+    gamma = 0.1
+    load = torch.bincount(up_experts.reshape(-1), minlength=4).double()
+    update = {"bias": up_bias, "experts": up_experts, "gamma": gamma, "load": load, "mean": 3.0,
+              "new": ref.update_bias(up_bias, up_experts, gamma),
+              "mistakes": {"reversed": up_bias + gamma * torch.sign(load - 3.0),
+                           "difference": up_bias + gamma * (3.0 - load),
+                           "no_k": up_bias + gamma * torch.sign(1.5 - load),
+                           "no_zero": up_bias + torch.where(load < 3.0, gamma, -gamma)},
+              "batched_experts": up_experts.reshape(2, 3, 2)}
+
+    # The layer: 5 experts, top-2, one shared expert, a bias that moves the choices.
+    torch.manual_seed(5)
+    layer = ref.DeepSeekMoE(4, 6, 5, 2, n_shared=1).double()
+    layer.bias.copy_(torch.tensor([1.0, 0.0, -1.0, 0.5, 0.0], dtype=torch.float64))
+    x = fixed((2, 3, 4), 13)
+    y, lgt = layer(x)
+    tokens = x.reshape(-1, 4)
+    router_logits = layer.router(tokens)
+    shared = layer.shared[0](tokens)
+    plain_gates, plain_experts = ref.top_k_router(router_logits, 2)
+    g, e = ref.biased_top_k_router(router_logits, layer.bias, 2)
+
+    def routed(gates, experts):
+        outs = torch.stack([ex(tokens) for ex in layer.experts], 1).gather(1, experts[..., None].expand(-1, -1, 4))
+        return (gates[..., None] * outs).sum(1)
+    deepseek = {"init": {"d_model": 4, "d_hidden": 6, "n_experts": 5, "k": 2, "n_shared": 1},
+                "state": dict(layer.state_dict()), "x": x, "output": y, "logits": lgt,
+                "mistakes": {"no_bias": (shared + routed(plain_gates, plain_experts)).reshape(2, 3, 4),
+                             "shared_gated": (g[:, :1] * shared + routed(g, e)).reshape(2, 3, 4),
+                             "no_shared": routed(g, e).reshape(2, 3, 4)},
+                "biased_logits": lgt + layer.bias}
+    torch.manual_seed(6)
+    two = ref.DeepSeekMoE(3, 5, 4, 1, n_shared=2).double()
+    two.bias.copy_(torch.tensor([0.0, 0.8, 0.0, -0.8], dtype=torch.float64))
+    x2 = fixed((5, 3), 14)
+    deepseek.update({"two_init": {"d_model": 3, "d_hidden": 5, "n_experts": 4, "k": 1, "n_shared": 2},
+                     "two_state": dict(two.state_dict()), "two_x": x2, "two_output": two(x2)[0]})
+    return {"biased_router": biased_router, "bias_update": update, "deepseek": deepseek}
 
 
 def _moe_with_capacity(layer, x, capacity):

@@ -448,3 +448,130 @@ def check_transformer_parameters(fn):
              "layer). Per layer: attention, n_experts SwiGLU experts (3 d_model d_ffn each), a router when n_experts "
              "> 1, two RMSNorm gains; then one final RMSNorm, the embedding and the output head")
     ok(f"Mixtral 8x7B: {c['mixtral_counts'][0]:,} parameters in total, {c['mixtral_counts'][1]:,} active per token")
+
+
+# ---- auxiliary-loss-free balancing (DeepSeek-V3) -----------------------------------------------------------------
+def check_biased_top_k_router(fn):
+    """Check biased_top_k_router(logits [..., E], bias [E], k) -> (gates [..., k], experts [..., k] int64)."""
+    require_callable(fn, "biased_top_k_router")
+    c = _data()["biased_router"]
+    logits, bias, k = tensor(c["logits"]), tensor(c["bias"]), c["k"]
+    what = "biased_top_k_router(logits, bias, 2)"
+    gates, experts = _route(lambda lg, kk: fn(lg, bias, kk), logits, k, what)
+    want, mistakes = torch.tensor(c["experts"]), c["mistakes"]
+    if not same(experts, want):
+        if same(experts, torch.tensor(mistakes["unbiased_experts"])):
+            fail(f"your experts are the top-k of the logits alone ({experts.tolist()}): the bias must move the choice. "
+                 f"Add it before the top-k, choosing by logits + bias; added after the top-k it changes nothing "
+                 f"(expected {want.tolist()})")
+        if same(experts, torch.tensor(mistakes["subtracted_experts"])):
+            fail(f"you chose by logits - bias ({experts.tolist()}): choose by logits + bias, so that a larger bias "
+                 f"makes an expert more likely to be chosen (expected {want.tolist()})")
+        fail(f"the experts should be the 2 largest of logits + bias, in descending order, {want.tolist()}; you "
+             f"returned {experts.tolist()}")
+    if not close(gates, tensor(c["gates"])):
+        if close(gates, tensor(mistakes["bias_in_gates"])):
+            fail("the experts are right but the gates include the bias: the bias only chooses. The gates are the "
+                 "softmax of the chosen experts' unbiased logits, logits.gather(-1, experts)")
+        fail(f"the experts are right but the gates differ (max error {max_error(gates, tensor(c['gates'])):.3g}): "
+             "softmax over the chosen experts' unbiased logits, in the same order as the experts")
+    ok("top-2 of logits + bias; gates from the unbiased logits")
+
+    long_logits, long_bias = tensor(c["long_logits"]), tensor(c["long_bias"])
+    _, top = _route(lambda lg, kk: fn(lg, long_bias, kk), long_logits, c["long_k"],
+                    "biased_top_k_router(24 logits with ties, bias, 5)")
+    if top.tolist() != c["long_experts"]:
+        fail(f"24 experts whose logits + bias tie: the top 5 are {c['long_experts']} (ties to the lower index); you "
+             f"returned {top.tolist()}. In rows of more than 16 entries torch.sort without stable=True orders tied "
+             "values arbitrarily: torch.sort(logits + bias, dim=-1, descending=True, stable=True)")
+    lg, b = logits.clone().requires_grad_(True), bias.clone().requires_grad_(True)
+    out = call(fn, lg, b, k, what=f"{what} with requires_grad inputs")
+    total = (out[0] * tensor(c["cotangent"])).sum()
+    if not total.requires_grad:
+        fail("the gates are not connected to the logits: compute them with torch operations on the logits")
+    g_logits, g_bias = torch.autograd.grad(total, (lg, b), allow_unused=True)
+    if g_bias is not None and float(g_bias.abs().max()) > 0:
+        fail("the bias receives a gradient: it must only pick the experts (DeepSeek-V3 changes it with the update "
+             "rule, never with gradients), so keep it out of the gates")
+    if g_logits is None or not close(g_logits, tensor(c["grad"])):
+        fail("the gradient of the gates with respect to the logits is wrong: gather the chosen unbiased logits, "
+             "then softmax")
+    bg, be = _route(lambda t, kk: fn(t, bias.float(), kk), torch.stack([logits, logits]).float(), k,
+                    "biased_top_k_router on [2, 4, 6] float32 logits")
+    if not (same(be[1], want) and close(bg[1], tensor(c["gates"]), atol=1e-6)):
+        fail("batched float32 logits [2, 4, 6] give different answers from the same logits unbatched: work over the "
+             "last dimension only")
+    ok("ties to the lower index, no gradient for the bias, leading dimensions, float32")
+
+
+def check_update_bias(fn):
+    """Check update_bias(bias [E], experts [..., k] int64, gamma) -> new bias b + gamma * sign(mean load - load)."""
+    require_callable(fn, "update_bias")
+    c = _data()["bias_update"]
+    bias, experts, gamma = tensor(c["bias"]), torch.tensor(c["experts"]), c["gamma"]
+    new = call(fn, bias, experts, gamma, what="update_bias(bias, experts, 0.1)")
+    expect_tensor(new, "the new bias", shape=bias.shape, dtype=torch.float64)
+    want = tensor(c["new"])
+    if not close(new, want):
+        load, mean = [int(v) for v in c["load"]], c["mean"]
+        mistakes = c["mistakes"]
+        if close(new, tensor(mistakes["reversed"])):
+            fail(f"the sign is reversed: loads {load} against a mean of {mean:g}. An overloaded expert's bias must go "
+                 "DOWN by gamma (fewer tokens choose it next time), an underloaded one's up: "
+                 "bias + gamma * sign(mean_load - load)")
+        if close(new, tensor(mistakes["difference"])):
+            fail(f"you moved the bias by gamma times the load difference; DeepSeek-V3 moves it by gamma times its sign "
+                 f"(every expert moves by gamma, 0 or -gamma): loads {load}, mean {mean:g}")
+        if close(new, tensor(mistakes["no_k"])):
+            fail(f"the mean load is the number of (token, slot) assignments per expert, T * k / E = {mean:g} here "
+                 "(6 tokens, k = 2, 4 experts): you left out k")
+        if close(new, tensor(mistakes["no_zero"])):
+            fail(f"an expert exactly at the mean load ({mean:g}) keeps its bias: sign(0) = 0 (torch.sign); yours "
+                 f"moved it. Loads {load}")
+        fail(f"new bias {new.tolist()}, expected {want.tolist()} (loads {load}, mean {mean:g}, gamma {gamma})")
+    ok(f"loads {[int(v) for v in c['load']]} against a mean of {c['mean']:g}: the busiest expert's bias drops by gamma")
+    held = bias.clone().requires_grad_(True)
+    out = call(fn, held, experts, gamma, what="update_bias on a bias that requires grad")
+    if isinstance(out, torch.Tensor) and out.requires_grad:
+        fail("the new bias carries autograd history (requires_grad=True): the bias is not trained by gradients. "
+             "Compute the update under torch.no_grad() (or from bias.detach())")
+    batched = call(fn, bias.float(), torch.tensor(c["batched_experts"]), gamma,
+                   what="update_bias with float32 bias and experts [2, 3, 2]")
+    expect_tensor(batched, "the new bias for a float32 bias", shape=bias.shape, dtype=torch.float32)
+    if not close(batched, want, atol=1e-6):
+        fail("experts [2, 3, 2] (the same choices with leading dimensions) give a different update: count the "
+             "assignments over every leading dimension")
+    ok("no autograd history, input unchanged, leading dimensions, float32")
+
+
+def check_deepseek_moe(cls):
+    """Check DeepSeekMoE: forward(x [..., D]) -> (y [..., D], unbiased router logits [..., E])."""
+    c = _data()["deepseek"]
+    module = build_module(cls, c["init"], "DeepSeekMoE", c["state"])
+    x, expected = tensor(c["x"]), tensor(c["output"])
+    y, logits = _moe_output(module, x, "DeepSeekMoE.forward(x [2, 3, 4])", 5)
+    if not close(logits, tensor(c["logits"])):
+        if close(logits, tensor(c["biased_logits"])):
+            fail("you returned the biased scores: return the router's unbiased logits, self.router(x) (the losses and "
+                 "the load statistics use them; the bias belongs to the choice only)")
+        fail("the router logits differ: return self.router(x) for every token, shaped [..., n_experts]")
+    if not close(y, expected):
+        m = c["mistakes"]
+        if close(y, tensor(m["no_bias"])):
+            fail("you routed without the bias: choose the experts with biased_top_k_router(logits, self.bias, k)")
+        if close(y, tensor(m["shared_gated"])):
+            fail("the shared expert is multiplied by a gate: it sees every token with no gate, y = shared(x) + the "
+                 "gated routed experts")
+        if close(y, tensor(m["no_shared"])):
+            fail("the shared experts are missing: add every self.shared expert's output for every token")
+        fail(f"DeepSeekMoE output differs from the expected one (max error {max_error(y, expected):.3g}); make sure "
+             "check_swiglu and check_biased_top_k_router pass")
+    ok("shared expert on every token, routed experts chosen with the bias, unbiased logits returned")
+    two = build_module(cls, c["two_init"], "DeepSeekMoE", c["two_state"])
+    y2, _ = _moe_output(two, tensor(c["two_x"]), "DeepSeekMoE with 2 shared experts and k = 1", 4)
+    if not close(y2, tensor(c["two_output"])):
+        fail("with two shared experts (n_shared=2) the output differs: add the outputs of all shared experts")
+    y32, _ = _moe_output(module.float(), x.float(), "DeepSeekMoE in float32", 5)
+    if not close(y32, expected, atol=1e-5):
+        fail("float32 inputs give a different answer from float64 ones")
+    ok("two shared experts, float32")
