@@ -348,3 +348,16 @@ def test_deepseek_moe_without_shared_experts_and_bias_is_the_moe_layer():
     x = torch.randn(3, 4, 6, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(layer(x)[0], plain(x)[0], rtol=1e-14, atol=1e-14)
+
+
+def test_visible_check_names_a_bias_update_that_keeps_autograd_history():
+    """Not in the zoo: the server receives numbers only, so no hidden test can see requires_grad on the result."""
+    from attncourse.checks import CheckFailed
+    from attncourse.checks.ch08 import check_update_bias
+
+    def attached(bias, experts, gamma):
+        load = torch.bincount(experts.reshape(-1), minlength=bias.shape[-1]).to(bias.dtype)
+        return bias + gamma * torch.sign(experts.numel() / bias.shape[-1] - load)
+    with pytest.raises(CheckFailed, match="autograd history"):
+        check_update_bias(attached)
+    check_update_bias(ref.update_bias)
