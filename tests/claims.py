@@ -133,6 +133,13 @@ CLAIMS = {
               lambda out: "as written: inf" in out and re.search(r"-log\(softmax\(z\)\[t\]\)\s*: inf", out) is not None),
         Claim("With each row's maximum subtracted, your function and PyTorch's agree", "as_written = (z.exp()",
               lambda out: row(out, "your cross_entropy")[0] == row(out, "F.cross_entropy")[0] > 0),
+        Claim("The two models take the same steps and end with the same weights, to within float32 rounding",
+              "def param_groups(model):",
+              lambda out: row(out, "largest difference in the weights after 20 steps:")[0] < 1e-5
+              and row(out, "your AdamW:")[2] < row(out, "your AdamW:")[0]),
+        Claim("The two runs compute the same losses, step for step, to within float32 rounding", "def run_with(optimizer):",
+              lambda out: row(out, "largest difference between the two runs' losses over 60 steps:")[0] < 1e-4
+              and abs(row(out, "your AdamW")[-2] - row(out, "torch.optim.AdamW")[-2]) < 1e-3),
         Claim("In the same time the CPU mode processes more tokens per second and reaches a lower validation loss",
               'compare.load("recipes")',
               lambda out: row(out, "this lab's CPU mode")[-2] > row(out, "classic minimal-GPT recipe")[-2]

@@ -137,6 +137,33 @@ def test_the_clock_driven_schedule_step():
     assert train.schedule_step(9, now=30.0, warm_end=10.0, deadline=20.0, max_steps=110, warmup_steps=10) == 109
 
 
+def test_the_learners_adamw_trains_as_torch_optim_adamw_does(workdir):
+    """--optimizer mine: the learner's class (here the reference) steps the run; on a CPU torch.optim.AdamW takes
+    the same one-parameter-at-a-time path, so the two runs' losses agree to the last bit, and the checkpoint holds
+    the learner's optimizer state under PyTorch's names."""
+    args = TINY + ["--max-steps", "6", "--batch-size", "4"]
+    assert run_cli(args + ["--out-dir", str(workdir / "torch")], workdir) == 0
+    assert run_cli(args + ["--out-dir", str(workdir / "mine"), "--optimizer", "mine"], workdir) == 0
+    theirs, mine = log(workdir / "torch" / "log.csv"), log(workdir / "mine" / "log.csv")
+    assert [r["train_loss"] for r in mine] == [r["train_loss"] for r in theirs] and len(mine) == 6
+    state = torch.load(workdir / "mine" / "ckpt.pt", weights_only=False)["optimizer"]["state"]
+    assert {"step", "exp_avg", "exp_avg_sq"} <= set(state[0]) and state[0]["step"] == 6
+    assert type(state[0]["step"]) is int          # the reference's count (torch.optim.AdamW keeps a tensor)
+
+
+@pytest.mark.parametrize("source, says", [
+    ("from attncourse_ref.training import lr_at, micro_batch_loss, clip_grad_norm, flops_per_token, mfu, shard_indices, "
+     "all_reduce_mean\nfrom attncourse.lab.fallback import FallbackGPT as GPT\n", "does not define AdamW"),
+    ("from attncourse_ref.training import *\nfrom attncourse.lab.fallback import FallbackGPT as GPT\n"
+     "def AdamW(params, lr):\n    return None\n", "no optimizer class 'AdamW'")])
+def test_optimizer_mine_without_an_adamw_class_gets_a_clear_message(tmp_path, capsys, source, says):
+    (tmp_path / "mylab.py").write_text(source)
+    status = train.main(TINY + ["--max-steps", "2", "--optimizer", "mine", "--code", str(tmp_path / "mylab.py"),
+                                "--out-dir", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert status == 2 and says in err and "Traceback" not in err, err
+
+
 # ---- bad input: clear messages ------------------------------------------------------------------
 
 BAD = {

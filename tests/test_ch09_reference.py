@@ -1,5 +1,6 @@
 """The chapter 09 reference against PyTorch's own schedulers, clipping, FLOP counter and gloo, and its properties."""
 import math
+import re
 import os
 import socket
 
@@ -247,3 +248,110 @@ def test_all_reduce_mean_without_a_process_group_and_inputs_untouched():
     outs = run_ranks(ref.all_reduce_mean, [(s, c), (torch.tensor(1.5), torch.tensor(1.0))])
     assert [o.item() for o in outs] == [2.25, 2.25]
     assert s.item() == 7.5 and c.item() == 3.0
+
+
+# ---- AdamW from scratch (issue 22) -----------------------------------------------------------------------------
+
+def _adamw_pair(dtype, seed, **options):
+    """The reference and torch.optim.AdamW (single-tensor path, PyTorch's CPU default) on the same parameters:
+    matrices decayed, vectors not, the second group with betas and eps of its own."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(4, 3), (3, 5), (3,), (5,)]
+    start = [torch.randn(s, generator=g, dtype=dtype) for s in shapes]
+
+    def groups(params):
+        return [{"params": params[:2], "weight_decay": options.get("weight_decay", 0.1)},
+                {"params": params[2:], "weight_decay": 0.0, "betas": (0.8, 0.95), "eps": 1e-6}]
+    mine = [torch.nn.Parameter(t.clone()) for t in start]
+    theirs = [torch.nn.Parameter(t.clone()) for t in start]
+    kwargs = dict(lr=options.get("lr", 1e-2), betas=(0.9, 0.99), eps=1e-8)
+    return (mine, ref.AdamW(groups(mine), **kwargs), theirs, torch.optim.AdamW(groups(theirs), foreach=False, **kwargs), g)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adamw_matches_torch_adamw_over_20_steps(dtype, tol, weight_decay):
+    """Several groups, the learning rate changed before every step (as the lab's schedule does), one parameter
+    without a gradient at some steps: parameters and state as torch.optim.AdamW's after every step."""
+    mine, opt, theirs, torch_opt, g = _adamw_pair(dtype, 0, weight_decay=weight_decay)
+    for step in range(20):
+        lr = 1e-2 * (0.5 + 0.5 * math.cos(step / 5))
+        for o in (opt, torch_opt):
+            for group in o.param_groups:
+                group["lr"] = lr
+        for j, (a, b) in enumerate(zip(mine, theirs)):
+            grad = None if j == 2 and step in (0, 7) else torch.randn(a.shape, generator=g, dtype=dtype) * 10 ** -j
+            a.grad = b.grad = grad
+        opt.step()
+        torch_opt.step()
+        for a, b in zip(mine, theirs):
+            assert a.dtype == dtype
+            torch.testing.assert_close(a.detach(), b.detach(), rtol=tol, atol=tol)
+            assert (a in opt.state) == (b in torch_opt.state)
+            if b not in torch_opt.state:
+                continue
+            sa, sb = opt.state[a], torch_opt.state[b]
+            assert sa["step"] == int(sb["step"])
+            torch.testing.assert_close(sa["exp_avg"], sb["exp_avg"], rtol=tol, atol=tol)
+            torch.testing.assert_close(sa["exp_avg_sq"], sb["exp_avg_sq"], rtol=tol, atol=tol)
+    assert opt.state[mine[2]]["step"] == 18 and opt.state[mine[0]]["step"] == 20
+
+
+def test_adamw_skips_parameters_without_gradients_and_checkpoints_like_torch():
+    mine, opt, theirs, torch_opt, g = _adamw_pair(torch.float64, 1)
+    for a in mine[:3]:
+        a.grad = torch.ones_like(a)
+    before = mine[3].detach().clone()
+    opt.step()
+    assert torch.equal(mine[3].detach(), before) and mine[3] not in opt.state
+    # The state dict has PyTorch's layout: a fresh optimizer loaded from it continues identically.
+    again = ref.AdamW([{"params": mine[:2]}, {"params": mine[2:]}])
+    again.load_state_dict(opt.state_dict())
+    assert again.param_groups[1]["betas"] == (0.8, 0.95) and again.state[mine[0]]["step"] == 1
+
+
+def test_adamw_reference_is_from_scratch():
+    """Under the exercise's forbidden list (PyTorch's Adam kernels and classes) the reference runs; a subclass of
+    torch.optim.AdamW does not."""
+    from attncourse.checks.ch09 import ADAMW_BUILTINS
+    from attncourse.forbid import ForbiddenCall, forbidding
+    mine, opt, theirs, torch_opt, g = _adamw_pair(torch.float32, 2)
+    for a, b in zip(mine, theirs):
+        a.grad = b.grad = torch.ones_like(a)
+    with forbidding(ADAMW_BUILTINS, "AdamW"):
+        opt.step()
+        for fused in (None, True):
+            with pytest.raises(ForbiddenCall):
+                torch_opt.step() if fused is None else torch.optim.AdamW(theirs, fused=True)
+
+
+ADAMW_NAMED = {"l2": "added the weight decay to the gradient", "no_bias": "no bias correction",
+               "off_by_one": "off by one step", "eps_inside": "inside the square root",
+               "decay_after": "after the Adam update", "decay_no_lr": "not scaled by the learning rate",
+               "shared_step": "one step count", "by_index": "parameters share their moments",
+               "fixed_lr": "does not follow the schedule"}
+
+
+@pytest.mark.parametrize("mistake", list(ADAMW_NAMED))
+def test_check_adamw_names_each_known_mistake(mistake):
+    """The visible check against every mistake it stores (the zoo packs 7 of them into the fake class; these also
+    cover decay after the update and a learning rate read once), and the hidden test fails most of its cases."""
+    from attncourse.autograde import run_hidden_test
+    from attncourse.checks import CheckFailed
+    from attncourse.checks.ch09 import check_adamw
+    from attncourse_ref.grading.ch09 import _adamw_mistake
+    with pytest.raises(CheckFailed, match=re.escape(ADAMW_NAMED[mistake])):
+        check_adamw(_adamw_mistake(mistake))
+    verdict = run_hidden_test("ch09.adamw", _adamw_mistake(mistake))
+    assert len(verdict["failures"]) >= verdict["n_cases"] * 3 / 4, verdict["failures"]
+
+
+def test_check_adamw_refuses_torch_optim_adamw():
+    from attncourse.checks import CheckFailed
+    from attncourse.checks.ch09 import check_adamw
+
+    class Wrapped(torch.optim.AdamW):
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+            super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=False)
+    with pytest.raises(CheckFailed, match="may not call torch.optim"):
+        check_adamw(Wrapped)

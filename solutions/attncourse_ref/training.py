@@ -121,3 +121,43 @@ def all_reduce_mean(loss_sum, count):
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(totals, op=torch.distributed.ReduceOp.SUM)
     return totals[0] / totals[1]
+
+
+class AdamW(torch.optim.Optimizer):
+    """AdamW (Loshchilov and Hutter, 2019) from scratch, step for step as torch.optim.AdamW computes it.
+
+    params: parameters or param groups (dicts with "params" and any of the options below), as for
+    every torch.optim optimizer; lr, betas = (beta1, beta2), eps, weight_decay: the defaults of the
+    groups.  Each parameter p with a gradient gets, at its t-th step (t counted per parameter):
+    decoupled weight decay p <- p * (1 - lr * weight_decay); the moments m <- beta1 m + (1 - beta1) g,
+    v <- beta2 v + (1 - beta2) g^2; bias corrections m_hat = m / (1 - beta1^t),
+    v_hat = v / (1 - beta2^t); and p <- p - lr * m_hat / (sqrt(v_hat) + eps).  The learning rate is
+    read from the group at every step (a schedule may change group["lr"] between steps).
+    Parameters whose .grad is None are skipped.  State per parameter, under PyTorch's names:
+    state["step"] (t), state["exp_avg"] (m), state["exp_avg_sq"] (v).
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:                                       # this parameter's first step
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t, m, v, g = state["step"], state["exp_avg"], state["exp_avg_sq"], p.grad
+                p.mul_(1 - lr * weight_decay)                      # decoupled: the gradient never sees it
+                m.lerp_(g, 1 - beta1)                               # m + (1 - beta1)(g - m) = beta1 m + (1 - beta1) g
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                bias1, bias2 = 1 - beta1 ** t, 1 - beta2 ** t
+                denom = (v.sqrt() / math.sqrt(bias2)).add_(eps)     # sqrt(v_hat) + eps
+                p.addcdiv_(m, denom, value=-lr / bias1)             # p - lr * m_hat / (sqrt(v_hat) + eps)

@@ -301,3 +301,148 @@ def shard_float(n, rank, world_size):
     if n % world_size:
         raise ValueError(f"a batch of {n} rows does not split evenly over {world_size} processes")
     return torch.arange(rank * n / world_size, (rank + 1) * n / world_size)
+
+
+# ---- AdamW (issue 22) -------------------------------------------------------------------------------------------
+@_add("AdamW with L2 weight decay (added to the gradient)", "AdamW", {"test_adamw"}, "check_adamw",
+      "added the weight decay to the gradient")
+@torch.no_grad()
+def adamw_l2(self):
+    for group in self.param_groups:
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"], state["exp_avg"], state["exp_avg_sq"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+            state["step"] += 1
+            t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+            g = p.grad + weight_decay * p
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(lr * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps))
+
+
+@_add("AdamW without bias correction", "AdamW", {"test_adamw"}, "check_adamw", "no bias correction")
+@torch.no_grad()
+def adamw_no_bias_correction(self):
+    for group in self.param_groups:
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"], state["exp_avg"], state["exp_avg_sq"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+            state["step"] += 1
+            m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+            p.mul_(1 - lr * weight_decay)
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(lr * m / (v.sqrt() + eps))
+
+
+@_add("AdamW bias correction off by one step", "AdamW", {"test_adamw"}, "check_adamw", "off by one step")
+@torch.no_grad()
+def adamw_bias_off_by_one(self):
+    for group in self.param_groups:
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"], state["exp_avg"], state["exp_avg_sq"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+            t, m, v, g = state["step"], state["exp_avg"], state["exp_avg_sq"], p.grad
+            p.mul_(1 - lr * weight_decay)
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(lr * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps))
+            state["step"] += 1                            # counted after its use: t is 0 at the first step
+
+
+@_add("AdamW with eps inside the square root", "AdamW", {"test_adamw"}, "check_adamw", "inside the square root")
+@torch.no_grad()
+def adamw_eps_inside(self):
+    for group in self.param_groups:
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"], state["exp_avg"], state["exp_avg_sq"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+            state["step"] += 1
+            t, m, v, g = state["step"], state["exp_avg"], state["exp_avg_sq"], p.grad
+            p.mul_(1 - lr * weight_decay)
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(lr * (m / (1 - beta1 ** t)) / (v / (1 - beta2 ** t) + eps).sqrt())
+
+
+@_add("AdamW weight decay not scaled by the learning rate", "AdamW", {"test_adamw"}, "check_adamw",
+      "not scaled by the learning rate")
+@torch.no_grad()
+def adamw_decay_without_lr(self):
+    for group in self.param_groups:
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"], state["exp_avg"], state["exp_avg_sq"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+            state["step"] += 1
+            t, m, v, g = state["step"], state["exp_avg"], state["exp_avg_sq"], p.grad
+            p.mul_(1 - weight_decay)
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(lr * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps))
+
+
+@_add("AdamW with one step count for all parameters", "AdamW", {"test_adamw"}, "check_adamw", "one step count")
+@torch.no_grad()
+def adamw_shared_step(self):
+    self.steps_taken = getattr(self, "steps_taken", 0) + 1
+    for group in self.param_groups:
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+            state["step"] = t = self.steps_taken
+            m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+            p.mul_(1 - lr * weight_decay)
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(lr * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps))
+
+
+@_add("AdamW state kept per position in the group, not per parameter", "AdamW", {"test_adamw"}, "check_adamw",
+      "parameters share their moments")
+@torch.no_grad()
+def adamw_state_by_position(self):
+    for group in self.param_groups:
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        for i, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            state = self.state[i]
+            if not state:
+                state["step"], state["exp_avg"], state["exp_avg_sq"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+            state["step"] += 1
+            t, m, v, g = state["step"], state["exp_avg"], state["exp_avg_sq"], p.grad
+            p.mul_(1 - lr * weight_decay)
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(lr * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps))

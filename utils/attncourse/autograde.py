@@ -163,6 +163,9 @@ def _run_case_once(i, call, arrays, candidate):
         # DDP code on several ranks: a gloo process each (threads where processes cannot talk).
         from .lab.ranks import run_ranks
         out = run_ranks(leaving_inputs_unchanged(candidate), [[_decode(a, arrays, p) for a in rank] for rank in call["ranks"]])
+    elif call["kind"] == "optimizer":
+        # An optimizer class: built on fresh parameters, stepped with the sent gradients (run_optimizer).
+        out = run_optimizer(candidate, *args, **kwargs)
     elif call["kind"] == "loader":
         # A weight loader fills a bare module that has exactly the asked parameter names and shapes.
         target = bare_module(call["shapes"], getattr(torch, call["dtype"]))
@@ -179,6 +182,35 @@ def _run_case_once(i, call, arrays, candidate):
         result += [np.zeros(args[j].shape, dtype=args[j].detach().numpy().dtype) if g is None else g.numpy()
                    for j, g in zip(grad["args"], grads)]
     return result
+
+
+def run_optimizer(cls, groups, defaults, steps):
+    """What an optimizer class does, step by step: the "optimizer" case kind (chapter 09's AdamW).
+
+    groups: [{"params": [tensors], option: value, ...}] (the param groups; each tensor becomes a fresh
+    nn.Parameter), defaults: keyword arguments of ``cls`` (lr, betas, ...), steps: [{"lr": [one per
+    group], "grads": [one per parameter, in group order: a tensor or None]}].  Before each step every
+    group's "lr" is set (as a schedule does) and every parameter's .grad; then ``step()``.  Returns,
+    after each step and for each parameter: its value, state["exp_avg"] and state["exp_avg_sq"] (zeros
+    while it has no state) and state["step"] as a float64 number."""
+    params = [[torch.nn.Parameter(t.detach().clone()) for t in g["params"]] for g in groups]
+    opt = cls([{**{k: v for k, v in g.items() if k != "params"}, "params": ps} for g, ps in zip(groups, params)],
+              **defaults)
+    flat = [p for ps in params for p in ps]
+    out = []
+    for step in steps:
+        for group, lr in zip(opt.param_groups, step["lr"]):
+            group["lr"] = lr
+        for p, g in zip(flat, step["grads"]):
+            p.grad = None if g is None else g.detach().clone()
+        opt.step()
+        for p in flat:
+            state = opt.state[p] if p in opt.state else {}
+            out += [p.detach().clone()]
+            out += [torch.as_tensor(state[k]).detach().clone() if k in state else torch.zeros_like(p.detach())
+                    for k in ("exp_avg", "exp_avg_sq")]
+            out.append(torch.tensor(float(state.get("step", 0)), dtype=torch.float64))
+    return out
 
 
 def _raised(candidate, args, kwargs, expected):

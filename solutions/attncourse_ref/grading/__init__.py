@@ -55,6 +55,7 @@ class Case:
     expected: list                  # reference outputs (and input gradients, if asked), as numpy
     describe: str                   # shown to the learner when this case fails
     tol: dict = field(default_factory=dict)   # per-dtype (rtol, atol) overrides
+    labels: list = field(default_factory=list)  # what each output is, for the message (else its index)
 
 
 def fixed(shape, seed):
@@ -154,6 +155,7 @@ def compare(case, got):
     for i, (g, e) in enumerate(zip(got, exp)):
         # One output (a loss, a count) is "your value"; of several, the message says which.
         what = ("your value" if outputs == 1 else f"returned value {i}") if i < outputs else "the gradient"
+        what = case.labels[i] if i < len(case.labels) else what
         if g.shape != e.shape:
             return f"{what} has shape {list(g.shape)}, expected {list(e.shape)}"
         if case.call.get("raises"):
@@ -280,6 +282,26 @@ def _same_every_time(judge, repeat):
                     "number from the generator argument, not from torch's global random state")
         return judge(runs[0])
     return same
+
+
+def optimizer_case(cls, groups, defaults, steps, *, describe="", tol=None):
+    """An optimizer class run on fresh parameters for len(steps) steps (attncourse.autograde.run_optimizer:
+    the learning rates and gradients of each step are given); compared after every step: each
+    parameter's value, its state["exp_avg"], state["exp_avg_sq"] and state["step"]."""
+    from attncourse.autograde import run_optimizer
+    arrays = {}
+    call = {"kind": "optimizer", "args": [_encode(v, arrays, f"arg{i}") for i, v in enumerate((groups, defaults, steps))],
+            "kwargs": {}}
+    expected = _flatten(run_optimizer(cls, groups, defaults, steps))
+    n = sum(len(g["params"]) for g in groups)
+    labels = []
+    for s in range(1, len(steps) + 1):
+        for j in range(n):
+            labels += [f"after step {s}, parameter {j}", f'after step {s}, state["exp_avg"] of parameter {j}',
+                       f'after step {s}, state["exp_avg_sq"] of parameter {j}',
+                       f'after step {s}, state["step"] of parameter {j}']
+    return Case(call, arrays, expected, describe or f"{cls.__name__}({defaults}) for {len(steps)} steps", tol or {},
+                labels)
 
 
 def loader_case(fn, module, args, kwargs=None, *, describe="", tol=None):

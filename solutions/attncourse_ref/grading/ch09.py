@@ -3,12 +3,13 @@ import math
 
 import numpy as np
 import torch
+from attncourse.autograde import run_optimizer
 
 from .. import training as ref
-from . import function_case, hidden_test, raises_case, ranks_case
+from . import function_case, hidden_test, optimizer_case, raises_case, ranks_case
 
 DTYPES = [torch.float32, torch.float64]
-from attncourse.checks.ch09 import CLIP_BUILTINS, CROSS_ENTROPY_OPERATORS  # noqa: E402
+from attncourse.checks.ch09 import ADAMW_KERNELS, CLIP_BUILTINS, CROSS_ENTROPY_OPERATORS  # noqa: E402
 
 
 def _schedule(rng, warmup=None):
@@ -115,6 +116,47 @@ def clip_grad_norm(rng):
         cases.append(function_case(ref.clip_grad_norm, [grads, max_norm], describe=_describe_grads(grads, max_norm, norm)))
     zeros = [torch.zeros(3, 2), torch.zeros(4)]
     cases.append(function_case(ref.clip_grad_norm, [zeros, 1.0], describe=_describe_grads(zeros, 1.0, 0.0)))
+    return cases
+
+
+def _adamw_run(rng, dtype, n_steps, decay, lr, betas, eps):
+    """Param groups, defaults and steps for run_optimizer: matrices (decayed) and vectors (not) in two groups, the
+    second with betas and eps of its own half the time; a learning rate changed before every step; the first
+    vector without a gradient at step 1 and at one later step (so its step count lags the others')."""
+    def tensor(shape, scale=1.0):
+        return torch.from_numpy(np.asarray(rng.standard_normal(shape) * scale)).to(dtype)
+    shapes = [[(int(rng.integers(2, 5)), int(rng.integers(2, 5))) for _ in range(int(rng.integers(1, 4)))],
+              [(int(rng.integers(2, 6)),) for _ in range(int(rng.integers(1, 3)))]]
+    groups = [{"params": [tensor(s) for s in shapes[0]], "weight_decay": decay},
+              {"params": [tensor(s) for s in shapes[1]], "weight_decay": 0.0}]
+    if rng.random() < 0.5:
+        groups[1].update(betas=(0.8, 0.95), eps=eps * 10)
+    flat = shapes[0] + shapes[1]
+    scales = [float(rng.choice([1e-3, 1e-2, 0.1, 1.0])) for _ in flat]      # gradients of different sizes
+    skip = {(0, len(shapes[0])), (int(rng.integers(1, n_steps)), len(shapes[0]))}
+    steps = [{"lr": [lr * float(rng.uniform(0.2, 1.0))] * 2,
+              "grads": [None if (k, j) in skip else tensor(s, scales[j]) for j, s in enumerate(flat)]}
+             for k in range(n_steps)]
+    defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": decay}
+    return groups, defaults, steps, len(shapes[0])
+
+
+@hidden_test("ch09.adamw", forbid=ADAMW_KERNELS)
+def adamw(rng):
+    cases = []
+    for i in range(8):
+        dtype = torch.float32 if i % 4 == 1 else torch.float64
+        decay = 0.0 if i == 0 else float(rng.choice([0.01, 0.1, 0.3]))
+        lr = float(rng.choice([1e-3, 1e-2, 0.05, 0.1]))
+        betas = [(0.9, 0.999), (0.9, 0.95), (0.8, 0.99), (0.5, 0.9)][i % 4]
+        eps = float(rng.choice([1e-8, 1e-6, 1e-4, 1e-3]))
+        n_steps = int(rng.integers(4, 8))
+        groups, defaults, steps, vector = _adamw_run(rng, dtype, n_steps, decay, lr, betas, eps)
+        late = next(k for k in range(1, n_steps) if steps[k]["grads"][vector] is None) if n_steps > 1 else 0
+        text = (f"({n_steps} steps in {str(dtype).replace('torch.', '')}, {len(steps[0]['grads'])} parameters in 2 groups, "
+                f"lr={lr:g} times a factor changed before every step, betas={betas}, eps={eps:g}, weight_decay={decay:g} "
+                f"on the first group; parameter {vector} has no gradient at steps 1 and {late + 1})")
+        cases.append(optimizer_case(ref.AdamW, groups, defaults, steps, describe=text))
     return cases
 
 
@@ -227,6 +269,85 @@ def _cross_entropy_data(g):
             "spread": {"logits": spread_x, "targets": spread_t, "loss": ref.cross_entropy(spread_x, spread_t)}}
 
 
+def _adamw_mistake(mistake):
+    """A known-wrong AdamW (the visible check names the one a learner wrote by matching its stored steps)."""
+    class Mistaken(ref.AdamW):
+        @torch.no_grad()
+        def step(self):
+            self.calls = getattr(self, "calls", 0) + 1
+            for group in self.param_groups:
+                lr = self.defaults["lr"] if mistake == "fixed_lr" else group["lr"]
+                eps, wd = group["eps"], group["weight_decay"]
+                beta1, beta2 = group["betas"]
+                for i, p in enumerate(group["params"]):
+                    if p.grad is None:
+                        continue
+                    state = self.state[i] if mistake == "by_index" else self.state[p]
+                    if not state:
+                        state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                    state["step"] = self.calls if mistake == "shared_step" else state["step"] + 1
+                    t, m, v, g = state["step"], state["exp_avg"], state["exp_avg_sq"], p.grad
+                    if mistake == "l2":
+                        g = g + wd * p
+                    elif mistake == "decay_no_lr":
+                        p.mul_(1 - wd)
+                    elif mistake != "decay_after":
+                        p.mul_(1 - lr * wd)
+                    m.mul_(beta1).add_(g, alpha=1 - beta1)
+                    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                    if mistake == "no_bias":
+                        m_hat, v_hat = m, v
+                    elif mistake == "off_by_one":
+                        m_hat, v_hat = m / (1 - beta1 ** (t - 1)), v / (1 - beta2 ** (t - 1))
+                    else:
+                        m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
+                    denom = (v_hat + eps).sqrt() if mistake == "eps_inside" else v_hat.sqrt() + eps
+                    p.sub_(lr * m_hat / denom)
+                    if mistake == "decay_after":
+                        p.mul_(1 - lr * wd)
+    return Mistaken
+
+
+ADAMW_MISTAKES = ("l2", "no_bias", "off_by_one", "eps_inside", "decay_after", "decay_no_lr", "shared_step",
+                  "by_index", "fixed_lr")
+
+
+def _adamw_data():
+    """One stored run for check_adamw: two groups whose parameters have the same shapes in the same places (so
+    that state kept by position runs, and shows), a learning rate changed at every step, eps and gradients of
+    sizes where eps inside the square root shows, the second parameter without a gradient at step 1."""
+    g = torch.Generator().manual_seed(2019)
+
+    def rounded(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale * 1000).round() / 1000
+    shapes = [(2, 3), (3,), (2, 3), (3,)]
+    groups = [{"params": [rounded(*shapes[0]), rounded(*shapes[1])], "weight_decay": 0.1},
+              {"params": [rounded(*shapes[2]), rounded(*shapes[3])], "weight_decay": 0.0}]
+    defaults = {"lr": 0.05, "betas": (0.9, 0.99), "eps": 1e-3, "weight_decay": 0.1}
+    lrs = [0.01, 0.05, 0.04, 0.02, 0.01]
+    steps = [{"lr": [lr, lr], "grads": [None if (k, j) == (0, 1) else rounded(*s, scale=0.01 * (j + 1))
+                                         for j, s in enumerate(shapes)]} for k, lr in enumerate(lrs)]
+    runs = {name: run_optimizer(_adamw_mistake(name), groups, defaults, steps) for name in ADAMW_MISTAKES}
+    return _lists({"groups": groups, "defaults": defaults, "steps": steps,
+                   "expected": run_optimizer(ref.AdamW, groups, defaults, steps),
+                   # the parameters' values only (every fourth output): enough to tell the mistakes apart
+                   "mistakes": {name: [t if torch.isfinite(t).all() else torch.full_like(t, float("nan")) for t in out[::4]]
+                                for name, out in runs.items()}})
+
+
+def _lists(obj):
+    """Tensors inside lists, tuples and dicts as nested lists (the check-data writer encodes tensors and dicts only)."""
+    if isinstance(obj, torch.Tensor):
+        return _lists(obj.tolist())
+    if isinstance(obj, float):
+        return round(obj, 12)
+    if isinstance(obj, dict):
+        return {k: _lists(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_lists(v) for v in obj]
+    return obj
+
+
 def check_data():
     """Fixed inputs and expected values for the visible checks (tools/make_check_data.py writes them)."""
     sched = {"max_lr": 1e-3, "min_lr": 1e-4, "warmup": 10, "max_steps": 50}
@@ -269,4 +390,5 @@ def check_data():
     util = {"args": [8.5e8, 4.0e5, 312e12, 8], "expected": ref.mfu(8.5e8, 4.0e5, 312e12, 8),
             "one_device": ref.mfu(8.5e8, 4.0e5, 312e12, 1)}
     shard = {"n": 12, "world_size": 3, "shards": _plain(ref.shard_indices(12, r, 3) for r in range(3))}
-    return {"lr": lr, "accum": accum, "ce": ce, "clip": clip, "flops": flops, "mfu": util, "shard": shard}
+    return {"lr": lr, "accum": accum, "ce": ce, "clip": clip, "flops": flops, "mfu": util, "shard": shard,
+            "adamw": _adamw_data()}

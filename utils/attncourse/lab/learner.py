@@ -144,6 +144,15 @@ def model_class(module, name="GPT"):
                    f"chapter 06 model {name} (or pass --model-class NAME), or train the built-in one with --model fallback")
 
 
+def optimizer_class(module, name="AdamW"):
+    """The learner's optimizer class (``--optimizer mine``), with a message saying what is wrong."""
+    cls = getattr(module, name, None)
+    if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer):
+        return cls
+    raise LabError(f"{getattr(module, '__file__', 'mylab.py')} has no optimizer class {name!r} (a subclass of "
+                   "torch.optim.Optimizer): export your AdamW cell with the others, or train with --optimizer torch")
+
+
 def check_model(cls, vocab_size=11, block_size=8):
     """Build a tiny instance of ``cls`` and check that forward(idx [B, T]) returns logits [B, T, vocab_size]."""
     try:

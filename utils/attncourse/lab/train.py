@@ -10,7 +10,8 @@ One command, whatever the hardware:
 
 It imports from mylab.py (written by the notebook's export cell; --code PATH for another file)
 the learner's lr_at, micro_batch_loss, clip_grad_norm, flops_per_token, mfu, shard_indices,
-all_reduce_mean and model class GPT; --model fallback trains attncourse.lab.FallbackGPT instead.
+all_reduce_mean and model class GPT; --model fallback trains attncourse.lab.FallbackGPT instead, and
+--optimizer mine steps with the learner's AdamW class instead of torch.optim.AdamW.
 It trains on a CUDA GPU, else Apple's GPU (MPS), else the CPU (--device to choose; it says which
 and why).  On a CUDA GPU it uses bfloat16 autocast (float16 with loss scaling where bfloat16 is
 missing), TF32 matrix products, fused AdamW and torch.compile (--compile off to switch it off); on
@@ -67,6 +68,7 @@ class Config:
     lr: float = 1e-3
     min_lr: float = 1e-4
     weight_decay: float = 0.1
+    optimizer: str = "torch"           # "torch": torch.optim.AdamW (fused on a GPU); "mine": the class AdamW of --code
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0
@@ -198,12 +200,17 @@ def embedding_params(model, vocab_size):
     return n
 
 
-def make_optimizer(model, cfg, device, notes=None):
-    """AdamW; weight decay on matrices and embeddings only (not on biases and norm gains).  On a GPU
-    the fused kernel; where PyTorch refuses it, the ordinary one, with a line in ``notes``."""
+def make_optimizer(model, cfg, device, notes=None, lab=None):
+    """AdamW; weight decay on matrices and embeddings only (not on biases and norm gains).  With
+    --optimizer mine the learner's class AdamW from ``lab`` (one parameter at a time, as
+    torch.optim.AdamW does on a CPU); else torch.optim.AdamW: on a GPU the fused kernel, where PyTorch
+    refuses it the ordinary one, with a line in ``notes``."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if cfg.optimizer == "mine":
+        cls = learner.optimizer_class(lab)
+        return cls(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, weight_decay=cfg.weight_decay)
     if hardware.fused_adamw(device):       # one kernel for the whole update instead of several per tensor
         try:
             return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True)
@@ -408,7 +415,7 @@ def train(cfg):
     say = (lambda *a, **k: print(*map(translate, a), **k)) if talk else (lambda *a, **k: None)
     say.raw = print if talk else (lambda *a, **k: None)         # text that is not a message (the sample)
     try:
-        lab = learner.load(cfg.code)
+        lab = learner.load(cfg.code, need=learner.FUNCTIONS + (("AdamW",) if cfg.optimizer == "mine" else ()))
         check_pieces(lab, cfg, rt)
         if rt.local_rank == 0:
             labdata.prepare(cfg.data_dir or None)           # once per machine
@@ -429,7 +436,7 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
     out = Path(cfg.out_dir)
     if rt.main:
         out.mkdir(parents=True, exist_ok=True)
-    opt = make_optimizer(raw_model, cfg, rt.device, rt.notes)
+    opt = make_optimizer(raw_model, cfg, rt.device, rt.notes, lab)
     scaler = torch.amp.GradScaler(rt.device.type) if rt.autocast_dtype == torch.float16 else None
     global_rows = cfg.batch_size * rt.world_size
     sampler = labdata.BatchSampler(len(corpus.train), cfg.block_size, global_rows, cfg.seed)
@@ -469,6 +476,8 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
         f"({n_embedding / 1e6:.3f}M in lookup tables), {fpt / 1e6:.1f} MFLOPs per token")
     say(f"device: {rt.device} x {rt.world_size} process(es), autocast {rt.autocast_dtype or 'off'}, "
         f"compile {'on' if use_compile else 'off'}; {tokens_per_step:,} tokens per optimizer step")
+    if cfg.optimizer == "mine":
+        say(f"optimizer: your AdamW ({type(opt).__name__} from {cfg.code}), one parameter at a time")
     say(f"peak: {peak / 1e12:.2f} TFLOP/s per device ({peak_source})" if peak else f"peak FLOP/s: {peak_source}")
 
     log = Log(out / "log.csv", step) if rt.main else None
@@ -601,13 +610,14 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
 
 # ---- command line --------------------------------------------------------------------------------
 
-CHOICES = {"model": ["mine", "fallback"], "init": ["gpt2", "mine"], "device": list(hardware.DEVICES), "compile": ["auto", "on", "off"],
+CHOICES = {"optimizer": ["torch", "mine"], "model": ["mine", "fallback"], "init": ["gpt2", "mine"], "device": list(hardware.DEVICES), "compile": ["auto", "on", "off"],
            "dtype": ["auto", "float32", "bfloat16", "float16"], "progress": ["auto", "on", "off"]}
 HELP = {
     "code": "your module (written by the notebook's export cell)",
     "model": "mine: the class --model-class of --code; fallback: attncourse.lab.FallbackGPT",
     "init": "gpt2: chapter 06's initialisation applied to your model (N(0, 0.02) weights, zero biases); mine: your class's own",
     "model_class": "the name of your model class in --code",
+    "optimizer": "torch: torch.optim.AdamW (fused on a GPU); mine: your class AdamW from --code",
     "vocab_size": "0: the corpus's characters; larger pads the table (GPT-2: 50304)",
     "batch_size": "rows per process per micro-step",
     "grad_accum": "micro-steps per optimizer step, per process",
