@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from attncourse.layers import prefix_decoder
+from attncourse.layers import prefix_decoder, score_table
 from attncourse_ref import transformer as ref
 
 DTYPES = st.sampled_from([torch.float32, torch.float64])
@@ -260,3 +260,113 @@ def test_greedy_decode_matches_decoding_each_row_alone(seed, batch, eos):
     assert out.dtype == torch.long and out.shape == (batch, width)
     for i, r in enumerate(rows):
         assert out[i].tolist() == r + [0] * (width - len(r))
+
+
+# ---- beam search ------------------------------------------------------------------------------------------------
+def _simple_beam(decode, memory, mask, bos, eos, max_len, beam_size, alpha):
+    """Beam search for one sequence, written as plainly as possible: lists, Python's stable sort, no early stop."""
+    alive, finished = [([], 0.0)], []
+    for t in range(1, max_len + 1):
+        candidates = []
+        for tokens, logp in alive:
+            logits = decode(torch.tensor([[bos] + tokens]), memory, mask)[0, -1]
+            for v, lp in enumerate(F.log_softmax(logits, dim=-1)):
+                candidates.append((tokens + [v], logp + lp))
+        candidates = sorted(candidates, key=lambda c: -float(c[1]))[:beam_size]   # stable: ties keep their order
+        alive = []
+        for tokens, logp in candidates:
+            if tokens[-1] == eos or t == max_len:
+                finished.append((logp / ((5 + t) / 6) ** alpha, tokens))
+            else:
+                alive.append((tokens, logp))
+        if not alive:
+            break
+    best = finished[0]
+    for f in finished[1:]:
+        if f[0] > best[0]:                       # of equal scores, the one finished first
+            best = f
+    return best
+
+
+def _brute_force(decode, memory, mask, bos, eos, max_len, vocab, alpha):
+    """Every hypothesis up to max_len tokens (eos only last; at max_len any last token), scored; the best."""
+    best = None
+    frontier = [([], torch.zeros((), dtype=memory.dtype))]
+    for t in range(1, max_len + 1):
+        grown = []
+        for tokens, logp in frontier:
+            lps = F.log_softmax(decode(torch.tensor([[bos] + tokens]), memory, mask)[0, -1], dim=-1)
+            for v in range(vocab):
+                y, lp = tokens + [v], logp + lps[v]
+                if v == eos or t == max_len:
+                    score = lp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, y)
+                else:
+                    grown.append((y, lp))
+        frontier = grown
+    return best
+
+
+def _table_problem(seed, batch, vocab, max_len, dtype=torch.float64, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(max_len, vocab, vocab, generator=g, dtype=dtype) * 1.5
+    memory = torch.randn(batch, max_len, vocab, generator=g, dtype=dtype)
+    if ties:                                     # coarse values: many exactly equal logits in a row
+        table, memory = (table * 2).round() / 2, (memory * 2).round() / 2
+    return score_table(table), memory
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_beam_search_with_a_full_beam_is_exhaustive_search(seed, alpha):
+    vocab, max_len, eos = 3, 4, 2
+    decode, memory = _table_problem(seed, 2, vocab, max_len)
+    memory[:, :, eos] += torch.tensor([-1.0, 1.0])[:, None]          # one row stops early, one late
+    tokens, scores = ref.beam_search(decode, memory, None, 1, eos, max_len, vocab ** max_len, alpha)
+    for i in range(2):
+        score, y = _brute_force(decode, memory[i:i + 1], None, 1, eos, max_len, vocab, alpha)
+        assert tokens[i].tolist() == y + [0] * (tokens.shape[1] - len(y))
+        torch.testing.assert_close(scores[i], score, rtol=1e-12, atol=1e-12)
+
+
+@given(seed=st.integers(0, 2**16), batch=st.integers(1, 4), beam=st.sampled_from([1, 2, 3, 5]),
+       alpha=st.sampled_from([0.0, 0.6, 1.0]), ties=st.booleans(), dtype=DTYPES)
+def test_beam_search_matches_a_plain_implementation(seed, batch, beam, alpha, ties, dtype):
+    vocab, max_len, eos, pad = 5, 6, 3, 4
+    decode, memory = _table_problem(seed, batch, vocab, max_len, dtype, ties)
+    mask = torch.ones(batch, max_len, dtype=torch.bool)
+    tokens, scores = ref.beam_search(decode, memory, mask, 1, eos, max_len, beam, alpha, pad=pad)
+    assert tokens.dtype == torch.long and scores.dtype == dtype and scores.shape == (batch,)
+    width = 0
+    for i in range(batch):
+        score, y = _simple_beam(decode, memory[i:i + 1], mask[i:i + 1], 1, eos, max_len, beam, alpha)
+        assert tokens[i].tolist() == y + [pad] * (tokens.shape[1] - len(y))
+        assert float(scores[i]) == pytest.approx(float(score), rel=1e-6 if dtype == torch.float32 else 1e-12)
+        width = max(width, len(y))
+    assert tokens.shape[1] == width
+
+
+@settings(max_examples=15)
+@given(seed=st.integers(0, 2**16), batch=st.integers(1, 5), eos=st.integers(2, 6),
+       alpha=st.sampled_from([0.0, 0.6, 1.0]))
+def test_beam_search_of_width_one_is_greedy_decoding(seed, batch, eos, alpha):
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(7, 5, generator=g, dtype=torch.float64) * 1.5
+    memory = torch.randn(batch, 4, 5, generator=g, dtype=torch.float64)
+    mask = _key_mask(batch, 4, seed)
+    decode = prefix_decoder(weight)
+    tokens, _ = ref.beam_search(decode, memory, mask, 1, eos, 9, 1, alpha)
+    assert torch.equal(tokens, ref.greedy_decode(decode, memory, mask, 1, eos, 9))
+
+
+def test_beam_search_breaks_ties_by_beam_then_token():
+    """Four candidates tie at step 2; of width 2, ranking by hypothesis then token keeps 0-1 and 0-2, whose eos
+    is the better; ranking by token then hypothesis would keep 0-1 and 1-1."""
+    table = torch.zeros(3, 5, 5, dtype=torch.float64)       # eos = 3, bos = 4
+    table[0, 4] = torch.tensor([2.0, 2.0, 0, 0, 0])           # tokens 0 and 1 tie
+    table[1, 0] = table[1, 1] = torch.tensor([0, 3.0, 3.0, 0, 0])
+    table[2, 1, 3], table[2, 2, 3] = 1.0, 4.0
+    decode, memory = score_table(table), torch.zeros(1, 3, 5, dtype=torch.float64)
+    tokens, _ = ref.beam_search(decode, memory, None, 4, 3, 3, 2)
+    assert tokens.tolist() == [[0, 2, 3]]

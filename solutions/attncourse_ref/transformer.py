@@ -221,3 +221,65 @@ def greedy_decode(decode, memory, memory_mask, bos, eos, max_len, pad=0):
         if bool(done.all()):
             break
     return prefix[:, 1:]
+
+
+def beam_search(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    """Beam search with a length penalty for a batch, with a stateless decoder (as greedy_decode).
+
+    The penalty is GNMT's (Wu et al. 2016, "Google's Neural Machine Translation System", eq. 14, without
+    its coverage term): lp(Y) = ((5 + |Y|) / 6) ** alpha.
+
+    decode(tgt_in [B, t] long, memory, memory_mask) -> logits [B, t, V]; memory [B, ...], memory_mask [B, S]
+    bool or None (repeat both per hypothesis, row b's hypotheses next to each other, to decode them at once).
+    A hypothesis Y is the tokens after bos; its score is log P(Y) / lp(|Y|), lp(n) = ((5 + n) / 6) ** alpha,
+    log P(Y) the sum of its tokens' log-probabilities (log_softmax of the last position's logits) and
+    |Y| its number of tokens, eos included (alpha = 0: the plain log-probability).
+    Each step, for each batch row separately: every unfinished hypothesis (at first only the empty one)
+    is extended by every token; the candidates are ranked by log-probability, ties in the order of a stable
+    sort of the flattened [hypotheses, V] scores (lower hypothesis index, then lower token id; hypotheses are
+    numbered by their rank at the previous step); the first beam_size are kept. A kept candidate that ends in
+    eos is finished: set aside with its score, never extended. The others are the next step's unfinished
+    hypotheses. After step max_len every kept candidate is finished, eos or not. A row stops once it has no
+    unfinished hypothesis, or when the best finished score is >= the best unfinished log-probability divided
+    by lp(max_len), a bound no continuation can beat (stopping there gives the same result as going on).
+    The answer is the finished hypothesis with the highest score; of equal scores, the one finished first
+    (earlier step, then better rank). beam_size = 1 is greedy decoding.
+    Returns (tokens long [B, L], scores [B] in the logits' dtype): each row's answer, pad after it, L the
+    longest answer's length; and its score.
+    """
+    batch, device = memory.shape[0], memory.device
+    prefix = torch.full((batch, 1, 0), bos, dtype=torch.long, device=device)   # [B, k, t] tokens after bos
+    logp = torch.zeros(batch, 1, device=device)                                 # [B, k] log P of each hypothesis
+    best_score = best_len = best_tokens = None
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    for t in range(1, max_len + 1):
+        k = prefix.shape[1]
+        tgt_in = torch.cat([torch.full((batch, k, 1), bos, dtype=torch.long, device=device), prefix], dim=2)
+        mask = None if memory_mask is None else memory_mask.repeat_interleave(k, dim=0)
+        logits = decode(tgt_in.flatten(0, 1), memory.repeat_interleave(k, dim=0), mask)[:, -1]
+        if best_score is None:                                                  # the logits' dtype, from step 1
+            logp = logp.to(logits.dtype)
+            best_score = torch.full((batch,), float("-inf"), dtype=logits.dtype, device=device)
+            best_len = torch.zeros(batch, dtype=torch.long, device=device)
+            best_tokens = torch.full((batch, max_len), pad, dtype=torch.long, device=device)
+        vocab = logits.shape[-1]
+        candidates = logp[:, :, None] + F.log_softmax(logits, dim=-1).view(batch, k, vocab)
+        candidates = candidates.masked_fill(done[:, None, None], float("-inf")).flatten(1)    # [B, k * V]
+        order = candidates.sort(dim=-1, descending=True, stable=True).indices[:, :beam_size]
+        logp = candidates.gather(1, order)                                      # [B, k'] best first
+        parent, token = order // vocab, order % vocab
+        prefix = torch.cat([prefix.gather(1, parent[:, :, None].expand(-1, -1, t - 1)), token[:, :, None]], dim=2)
+        finished = (token == eos) | (t == max_len)
+        score = torch.where(finished, logp / ((5 + t) / 6) ** alpha, float("-inf"))          # GNMT's lp(t)
+        top = score.argmax(dim=1)                                               # the first of equal scores
+        top_score = score.gather(1, top[:, None])[:, 0]
+        better = top_score > best_score                                         # strictly: earlier wins ties
+        best_score = torch.where(better, top_score, best_score)
+        best_len = torch.where(better, t, best_len)
+        best_tokens[better, :t] = prefix[better, top[better]]
+        logp = logp.masked_fill(finished, float("-inf"))                        # finished: set aside
+        bound = logp.max(dim=1).values / ((5 + max_len) / 6) ** alpha
+        done = done | (best_score >= bound)
+        if bool(done.all()):
+            break
+    return best_tokens[:, :int(best_len.max())], best_score

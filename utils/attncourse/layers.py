@@ -19,6 +19,8 @@ def make_layer(kind, weight):
         return decoder_step(weight)
     if kind == "prefix_decoder":
         return prefix_decoder(weight)
+    if kind == "score_table":
+        return score_table(weight)
     raise ValueError(f"unknown layer kind {kind!r}")
 
 
@@ -64,4 +66,20 @@ def prefix_decoder(weight):
             scores = torch.where(memory_mask[:, None, :], scores, torch.full_like(scores, float("-inf")))
         context = torch.softmax(scores, dim=-1) @ memory
         return 2 * (h.roll(1, dims=-1) + context) @ weight.T
+    return decode
+
+
+def score_table(table):
+    """A fixed decoder for beam search (chapter 05) from a [T, V, V] table: next-token logits by
+    (position, previous token).
+
+    decode(tgt_in [B, t] long, memory [B, S, V] with S >= t, memory_mask ignored) -> logits [B, t, V],
+    logits[b, s] = table[s, tgt_in[b, s]] + memory[b, s]: the table holds what depends on the prefix
+    (through its last token), memory a bias for each sequence of the batch. Indexing and one addition per
+    entry: the same logits whatever the batch's size or order, so equal entries stay exactly equal.
+    """
+    def decode(tgt_in, memory, memory_mask=None):
+        t = tgt_in.shape[1]
+        positions = torch.arange(t)[None, :].expand_as(tgt_in)
+        return table[positions, tgt_in] + memory[:, :t]
     return decode
