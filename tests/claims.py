@@ -87,6 +87,23 @@ CLAIMS = {
         Claim("the gap widens with the length: the speed-up column", "no cache (tok/s)",
               lambda out: numbers(r"([\d.]+)x", out) == sorted(numbers(r"([\d.]+)x", out))
               and numbers(r"([\d.]+)x", out)[0] > 1),
+        Claim("the table of §6.6 puts GPT-3's cache for one sequence of 131,072 tokens at 576 GiB",
+              "layers, width = 96, 12_288", lambda out: row(out, "131,072")[-1] == 576.0),
+        Claim("The measured ratio is $H / n_{kv}$ exactly", "cache_bytes[n_kv] = k.nbytes + v.nbytes",
+              lambda out: all(row(out, f"{n}   ")[-2] == row(out, f"{n}   ")[-1] == 8 // n for n in (8, 4, 2, 1))),
+        Claim("With 4 key/value heads nothing is pooled and the loss is the trained model's", "def to_gqa(",
+              lambda out: row(out, "GQA, 4 kv heads")[-1] == row(out, "multi-head (trained)")[-1]),
+        Claim("Pooling costs loss, and more as the groups grow", "def to_gqa(",
+              lambda out: row(out, "GQA, 1 kv heads")[-1] > row(out, "GQA, 2 kv heads")[-1]
+              > row(out, "GQA, 4 kv heads")[-1]),
+        Claim("it falls as $k$ grows, since a long draft is rarely accepted to its end, while the tokens per target "
+              "pass still grow", "bigram = Bigram(",
+              lambda out: [row(out, f"k = {k}")[1] for k in (1, 2, 4, 8)] == sorted((row(out, f"k = {k}")[1] for k in (1, 2, 4, 8)), reverse=True)
+              and [row(out, f"k = {k}")[2] for k in (1, 2, 4, 8)] == sorted(row(out, f"k = {k}")[2] for k in (1, 2, 4, 8))),
+        Claim("The bigram is a much weaker model than the target (compare the validation losses)", "bigram = Bigram(",
+              lambda out: numbers(r"bigram draft ([\d.]+)", out)[0] > numbers(r"target GPT ([\d.]+)", out)[0] + 0.1),
+        Claim("For $k$ of 2 and more, speculative sampling is faster than plain sampling here", "bigram = Bigram(",
+              lambda out: all(row(out, f"k = {k}")[-1] > 1 for k in (2, 4, 8))),
     ],
     "ch07": [
         Claim("on the test images the CNN makes fewer mistakes with a similar budget of parameters",

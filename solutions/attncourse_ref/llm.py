@@ -249,3 +249,99 @@ def mlm_mask(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, generator
     inputs = torch.where(chosen & (action < 0.8), mask_id, tokens)
     inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_tokens, inputs)
     return inputs, labels
+
+
+# ---- grouped-query attention -------------------------------------------------------------------------
+class GroupedQueryAttention(nn.Module):
+    """CausalSelfAttention with n_kv_head key/value heads shared by the n_head query heads (Ainslie et al.,
+    2023): n_kv_head = n_head is multi-head attention, n_kv_head = 1 multi-query attention.
+
+    Parameters: c_attn.weight [C + 2 * n_kv_head * D, C] and c_attn.bias, the fused projection to
+    [q | k | v] of widths C, n_kv_head * D, n_kv_head * D (D = C / n_head); c_proj as CausalSelfAttention's.
+    Query head h uses key/value head h // (n_head // n_kv_head) (consecutive query heads share one, as
+    in Llama: torch.repeat_interleave along the head axis).
+    forward(x [B, T, C], past_kv=None or (k, v) each [B, n_kv_head, T_past, D]) -> (y [B, T, C], (k, v))
+    with the cache [B, n_kv_head, T_past + T, D]: n_head / n_kv_head times smaller than multi-head's.
+    """
+
+    def __init__(self, n_embd, n_head, n_kv_head, dropout=0.0):
+        super().__init__()
+        assert n_embd % n_head == 0, "n_embd must be a multiple of n_head"
+        assert n_head % n_kv_head == 0, "n_kv_head must divide n_head"
+        self.n_head, self.n_kv_head, self.dropout = n_head, n_kv_head, dropout
+        self.c_attn = nn.Linear(n_embd, n_embd + 2 * n_kv_head * (n_embd // n_head))
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x, past_kv=None):
+        B, T, C = x.shape
+        D = C // self.n_head
+        q, k, v = self.c_attn(x).split([C, self.n_kv_head * D, self.n_kv_head * D], dim=-1)
+        q = q.view(B, T, self.n_head, D).transpose(1, 2)
+        k, v = (t.view(B, T, self.n_kv_head, D).transpose(1, 2) for t in (k, v))
+        mask = None
+        if past_kv is not None:
+            t_past = past_kv[0].shape[2]
+            k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+            mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
+        group = self.n_head // self.n_kv_head          # query heads per key/value head
+        y = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                           attn_mask=mask, is_causal=mask is None,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
+def gqa_from_mha(weight, bias, n_head, n_kv_head):
+    """A multi-head c_attn (weight [3C, C], bias [3C], rows [q | k | v]) as a grouped-query one with
+    n_kv_head key/value heads: returns (weight [C + 2 * n_kv_head * D, C], bias [C + 2 * n_kv_head * D]).
+
+    The query rows are kept; the key (and the value) rows of each group of n_head / n_kv_head
+    consecutive heads are averaged into one head (mean pooling, as in Ainslie et al. 2023). Same dtype.
+    """
+    C = weight.shape[1]
+    D, group = C // n_head, n_head // n_kv_head
+
+    def pool(rows):                                   # [n_head * D, ...] -> [n_kv_head * D, ...]
+        return rows.reshape(n_kv_head, group, D, *rows.shape[1:]).mean(dim=1).reshape(n_kv_head * D, *rows.shape[1:])
+
+    def convert(t):
+        q, k, v = t.split(C, dim=0)
+        return torch.cat([q, pool(k), pool(v)], dim=0)
+    return convert(weight), convert(bias)
+
+
+# ---- speculative decoding ------------------------------------------------------------------------------
+PAD_TOKEN = -1          # what speculative_step writes after the last new token
+
+
+def speculative_step(target_probs, draft_probs, draft_tokens, generator=None):
+    """Accept or reject k drafted tokens so that the result follows the target's distribution exactly
+    (Leviathan et al., 2023; Chen et al., 2023).
+
+    draft_tokens [..., k] long: token i was drawn from draft_probs[..., i, :] ([..., k, V], q_i);
+    target_probs [..., k + 1, V]: the target's distributions p_i at the same positions and one more.
+    Random draws, in this order, all from ``generator``:
+      1. u = torch.rand(draft_tokens.shape, generator=generator, dtype=target_probs.dtype): one uniform
+         per drafted token, drawn for all k even where an earlier one is rejected;
+      2. draft token i is accepted when u_i < p_i(x_i) / q_i(x_i); the n accepted tokens are those
+         before the first rejection (n = k when none is rejected);
+      3. the next token: where n < k, from max(0, p_n - q_n) (multinomial normalises it); where n = k,
+         the bonus token from p_k; one call torch.multinomial(weights.reshape(-1, V), 1,
+         generator=generator) for all rows at once.
+    Returns long [..., k + 1]: the n accepted draft tokens, the next token, then PAD_TOKEN (-1).
+    """
+    k, V = draft_tokens.shape[-1], target_probs.shape[-1]
+    u = torch.rand(draft_tokens.shape, generator=generator, dtype=target_probs.dtype, device=draft_tokens.device)
+    p = target_probs[..., :k, :].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    accepted = (u < p / q).long().cumprod(-1)             # 1 up to the first rejection, 0 from there
+    n = accepted.sum(-1)                                  # [...]
+    p_n = target_probs.gather(-2, n[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    q_n = draft_probs.gather(-2, n.clamp(max=k - 1)[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    weights = torch.where((n < k)[..., None], (p_n - q_n).clamp(min=0), p_n)
+    nxt = torch.multinomial(weights.reshape(-1, V), 1, generator=generator).reshape(n.shape)
+    position = torch.arange(k + 1, device=draft_tokens.device)
+    padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], PAD_TOKEN)], dim=-1)
+    out = torch.where(position < n[..., None], padded, PAD_TOKEN)
+    return torch.where(position == n[..., None], nxt[..., None], out)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attncourse_ref.llm import IGNORE_INDEX, Block, merge_pair
+from attncourse_ref.llm import IGNORE_INDEX, PAD_TOKEN, Block, merge_pair
 
 from . import collector
 
@@ -553,3 +553,257 @@ def attention_no_weight_dropout(self, x, past_kv=None):
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
     y = y.transpose(1, 2).reshape(B, T, C)
     return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
+# ---- grouped-query attention ---------------------------------------------------------------------------------
+@_add("key/value heads paired with query heads h % n_kv_head (repeat, not repeat_interleave)", "gqa",
+      {"test_gqa", "test_gqa_cache"}, "check_gqa", "h // (n_head // n_kv_head)")
+def gqa_strided_heads(self, x, past_kv=None):
+    B, T, C = x.shape
+    D = C // self.n_head
+    q, k, v = self.c_attn(x).split([C, self.n_kv_head * D, self.n_kv_head * D], dim=-1)
+    q = q.view(B, T, self.n_head, D).transpose(1, 2)
+    k, v = (t.view(B, T, self.n_kv_head, D).transpose(1, 2) for t in (k, v))
+    mask = None
+    if past_kv is not None:
+        t_past = past_kv[0].shape[2]
+        k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+        mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
+    group = self.n_head // self.n_kv_head
+    y = F.scaled_dot_product_attention(q, k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1),
+                                       attn_mask=mask, is_causal=mask is None,
+                                       dropout_p=self.dropout if self.training else 0.0)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
+@_add("the cache stores the keys and values repeated for every query head", "gqa", {"test_gqa", "test_gqa_cache"},
+      "check_gqa", "saves no memory")
+def gqa_cache_repeated(self, x, past_kv=None):
+    B, T, C = x.shape
+    D = C // self.n_head
+    q, k, v = self.c_attn(x).split([C, self.n_kv_head * D, self.n_kv_head * D], dim=-1)
+    q = q.view(B, T, self.n_head, D).transpose(1, 2)
+    group = self.n_head // self.n_kv_head
+    k, v = (t.view(B, T, self.n_kv_head, D).transpose(1, 2).repeat_interleave(group, dim=1) for t in (k, v))
+    mask = None
+    if past_kv is not None:
+        t_past = past_kv[0].shape[2]
+        past_k, past_v = past_kv
+        if past_k.shape[1] != self.n_head:
+            past_k, past_v = past_k.repeat_interleave(group, dim=1), past_v.repeat_interleave(group, dim=1)
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                       dropout_p=self.dropout if self.training else 0.0)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
+@_add("no causal mask in the cached step", "gqa", {"test_gqa_cache"}, "check_gqa_cache", "must not see the new tokens")
+def gqa_cache_no_mask(self, x, past_kv=None):
+    B, T, C = x.shape
+    D = C // self.n_head
+    q, k, v = self.c_attn(x).split([C, self.n_kv_head * D, self.n_kv_head * D], dim=-1)
+    q = q.view(B, T, self.n_head, D).transpose(1, 2)
+    k, v = (t.view(B, T, self.n_kv_head, D).transpose(1, 2) for t in (k, v))
+    if past_kv is not None:
+        k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+    group = self.n_head // self.n_kv_head
+    y = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                       is_causal=past_kv is None,
+                                       dropout_p=self.dropout if self.training else 0.0)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
+@_add("causal mask not shifted for cached keys (is_causal=True with a cache)", "gqa", {"test_gqa_cache"},
+      "check_gqa_cache", "shifted")
+def gqa_cache_top_left(self, x, past_kv=None):
+    B, T, C = x.shape
+    D = C // self.n_head
+    q, k, v = self.c_attn(x).split([C, self.n_kv_head * D, self.n_kv_head * D], dim=-1)
+    q = q.view(B, T, self.n_head, D).transpose(1, 2)
+    k, v = (t.view(B, T, self.n_kv_head, D).transpose(1, 2) for t in (k, v))
+    if past_kv is not None:
+        k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+                                       dropout_p=self.dropout if self.training else 0.0)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
+@_add("the first head of each group kept instead of the mean", "gqa_from_mha", {"test_gqa_from_mha"},
+      "check_gqa_from_mha", "first head of each group")
+def gqa_from_mha_first_head(weight, bias, n_head, n_kv_head):
+    C = weight.shape[1]
+    D, group = C // n_head, n_head // n_kv_head
+
+    def convert(t):
+        q, k, v = t.split(C, dim=0)
+        first = lambda rows: rows.reshape(n_kv_head, group, D, *rows.shape[1:])[:, 0].reshape(n_kv_head * D, *rows.shape[1:])
+        return torch.cat([q, first(k), first(v)], dim=0)
+    return convert(weight), convert(bias)
+
+
+@_add("heads g, g + n_kv_head, ... pooled together", "gqa_from_mha", {"test_gqa_from_mha"}, "check_gqa_from_mha",
+      "consecutive heads")
+def gqa_from_mha_strided(weight, bias, n_head, n_kv_head):
+    C = weight.shape[1]
+    D, group = C // n_head, n_head // n_kv_head
+
+    def convert(t):
+        q, k, v = t.split(C, dim=0)
+        pool = lambda rows: rows.reshape(group, n_kv_head, D, *rows.shape[1:]).mean(0).reshape(n_kv_head * D, *rows.shape[1:])
+        return torch.cat([q, pool(k), pool(v)], dim=0)
+    return convert(weight), convert(bias)
+
+
+@_add("the heads of a group summed, not averaged", "gqa_from_mha", {"test_gqa_from_mha"}, "check_gqa_from_mha",
+      "summed the heads")
+def gqa_from_mha_sum(weight, bias, n_head, n_kv_head):
+    C = weight.shape[1]
+    D, group = C // n_head, n_head // n_kv_head
+
+    def convert(t):
+        q, k, v = t.split(C, dim=0)
+        pool = lambda rows: rows.reshape(n_kv_head, group, D, *rows.shape[1:]).sum(1).reshape(n_kv_head * D, *rows.shape[1:])
+        return torch.cat([q, pool(k), pool(v)], dim=0)
+    return convert(weight), convert(bias)
+
+
+@_add("the queries pooled too", "gqa_from_mha", {"test_gqa_from_mha"}, "check_gqa_from_mha", "pooled the queries")
+def gqa_from_mha_queries_pooled(weight, bias, n_head, n_kv_head):
+    C = weight.shape[1]
+    D, group = C // n_head, n_head // n_kv_head
+    pool = lambda rows: rows.reshape(n_kv_head, group, D, *rows.shape[1:]).mean(1).reshape(n_kv_head * D, *rows.shape[1:])
+    return (torch.cat([pool(part) for part in weight.split(C, dim=0)], dim=0),
+            torch.cat([pool(part) for part in bias.split(C, dim=0)], dim=0))
+
+
+# ---- speculative decoding --------------------------------------------------------------------------------------
+SPEC = {"test_speculative_step", "test_speculative_distribution"}
+
+
+@_add("the correction resampled from the target's p, not from max(0, p - q)", "speculative_step", SPEC,
+      "check_speculative_step", "resampled from the target's p")
+def spec_resample_from_p(target_probs, draft_probs, draft_tokens, generator=None):
+    k, V = draft_tokens.shape[-1], target_probs.shape[-1]
+    u = torch.rand(draft_tokens.shape, generator=generator, dtype=target_probs.dtype)
+    p = target_probs[..., :k, :].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    n = (u < p / q).long().cumprod(-1).sum(-1)
+    weights = target_probs.gather(-2, n[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    nxt = torch.multinomial(weights.reshape(-1, V), 1, generator=generator).reshape(n.shape)
+    position = torch.arange(k + 1)
+    padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], PAD_TOKEN)], dim=-1)
+    out = torch.where(position < n[..., None], padded, PAD_TOKEN)
+    return torch.where(position == n[..., None], nxt[..., None], out)
+
+
+@_add("the correction drawn from the draft's q", "speculative_step", SPEC, "check_speculative_step", "not from the draft's q")
+def spec_resample_from_q(target_probs, draft_probs, draft_tokens, generator=None):
+    k, V = draft_tokens.shape[-1], target_probs.shape[-1]
+    u = torch.rand(draft_tokens.shape, generator=generator, dtype=target_probs.dtype)
+    p = target_probs[..., :k, :].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    n = (u < p / q).long().cumprod(-1).sum(-1)
+    p_n = target_probs.gather(-2, n[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    q_n = draft_probs.gather(-2, n.clamp(max=k - 1)[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    weights = torch.where((n < k)[..., None], q_n, p_n)
+    nxt = torch.multinomial(weights.reshape(-1, V), 1, generator=generator).reshape(n.shape)
+    position = torch.arange(k + 1)
+    padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], PAD_TOKEN)], dim=-1)
+    out = torch.where(position < n[..., None], padded, PAD_TOKEN)
+    return torch.where(position == n[..., None], nxt[..., None], out)
+
+
+@_add("a draft token accepted when p >= q, rejected otherwise (no random draw)", "speculative_step", SPEC,
+      "check_speculative_step", "not only when p >= q")
+def spec_deterministic_accept(target_probs, draft_probs, draft_tokens, generator=None):
+    k, V = draft_tokens.shape[-1], target_probs.shape[-1]
+    p = target_probs[..., :k, :].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    n = (p >= q).long().cumprod(-1).sum(-1)
+    p_n = target_probs.gather(-2, n[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    q_n = draft_probs.gather(-2, n.clamp(max=k - 1)[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    weights = torch.where((n < k)[..., None], (p_n - q_n).clamp(min=0), p_n)
+    nxt = torch.multinomial(weights.reshape(-1, V), 1, generator=generator).reshape(n.shape)
+    position = torch.arange(k + 1)
+    padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], PAD_TOKEN)], dim=-1)
+    out = torch.where(position < n[..., None], padded, PAD_TOKEN)
+    return torch.where(position == n[..., None], nxt[..., None], out)
+
+
+@_add("the acceptance ratio inverted (q / p)", "speculative_step", SPEC, "check_speculative_step", "not q / p")
+def spec_ratio_inverted(target_probs, draft_probs, draft_tokens, generator=None):
+    k, V = draft_tokens.shape[-1], target_probs.shape[-1]
+    u = torch.rand(draft_tokens.shape, generator=generator, dtype=target_probs.dtype)
+    p = target_probs[..., :k, :].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    n = (u < q / p).long().cumprod(-1).sum(-1)
+    p_n = target_probs.gather(-2, n[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    q_n = draft_probs.gather(-2, n.clamp(max=k - 1)[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    residual = (p_n - q_n).clamp(min=0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)      # nothing left: fall back on p
+    weights = torch.where((n < k)[..., None], residual, p_n)
+    nxt = torch.multinomial(weights.reshape(-1, V), 1, generator=generator).reshape(n.shape)
+    position = torch.arange(k + 1)
+    padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], PAD_TOKEN)], dim=-1)
+    out = torch.where(position < n[..., None], padded, PAD_TOKEN)
+    return torch.where(position == n[..., None], nxt[..., None], out)
+
+
+@_add("no bonus token when every draft token is accepted", "speculative_step", SPEC, "check_speculative_step",
+      "no row has a bonus token")
+def spec_no_bonus(target_probs, draft_probs, draft_tokens, generator=None):
+    k, V = draft_tokens.shape[-1], target_probs.shape[-1]
+    u = torch.rand(draft_tokens.shape, generator=generator, dtype=target_probs.dtype)
+    p = target_probs[..., :k, :].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    n = (u < p / q).long().cumprod(-1).sum(-1)
+    p_n = target_probs.gather(-2, n.clamp(max=k - 1)[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    q_n = draft_probs.gather(-2, n.clamp(max=k - 1)[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    weights = torch.where((n < k)[..., None], (p_n - q_n).clamp(min=0), p_n)
+    nxt = torch.multinomial(weights.reshape(-1, V), 1, generator=generator).reshape(n.shape)
+    nxt = torch.where(n < k, nxt, PAD_TOKEN)
+    position = torch.arange(k + 1)
+    padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], PAD_TOKEN)], dim=-1)
+    out = torch.where(position < n[..., None], padded, PAD_TOKEN)
+    return torch.where(position == n[..., None], nxt[..., None], out)
+
+
+@_add("the bonus token drawn from p_(k-1) instead of p_k", "speculative_step", SPEC, "check_speculative_step",
+      "the position after the last draft token")
+def spec_bonus_off_by_one(target_probs, draft_probs, draft_tokens, generator=None):
+    k, V = draft_tokens.shape[-1], target_probs.shape[-1]
+    u = torch.rand(draft_tokens.shape, generator=generator, dtype=target_probs.dtype)
+    p = target_probs[..., :k, :].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    n = (u < p / q).long().cumprod(-1).sum(-1)
+    p_n = target_probs.gather(-2, n.clamp(max=k - 1)[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    q_n = draft_probs.gather(-2, n.clamp(max=k - 1)[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    weights = torch.where((n < k)[..., None], (p_n - q_n).clamp(min=0), p_n)
+    nxt = torch.multinomial(weights.reshape(-1, V), 1, generator=generator).reshape(n.shape)
+    position = torch.arange(k + 1)
+    padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], PAD_TOKEN)], dim=-1)
+    out = torch.where(position < n[..., None], padded, PAD_TOKEN)
+    return torch.where(position == n[..., None], nxt[..., None], out)
+
+
+@_add("uniforms drawn from torch's global random state (generator ignored)", "speculative_step", SPEC,
+      "check_speculative_step", "draw every random number from the generator")
+def spec_global_rng(target_probs, draft_probs, draft_tokens, generator=None):
+    k, V = draft_tokens.shape[-1], target_probs.shape[-1]
+    u = torch.rand(draft_tokens.shape, dtype=target_probs.dtype)
+    p = target_probs[..., :k, :].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    n = (u < p / q).long().cumprod(-1).sum(-1)
+    p_n = target_probs.gather(-2, n[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    q_n = draft_probs.gather(-2, n.clamp(max=k - 1)[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    weights = torch.where((n < k)[..., None], (p_n - q_n).clamp(min=0), p_n)
+    nxt = torch.multinomial(weights.reshape(-1, V), 1, generator=generator).reshape(n.shape)
+    position = torch.arange(k + 1)
+    padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], PAD_TOKEN)], dim=-1)
+    out = torch.where(position < n[..., None], padded, PAD_TOKEN)
+    return torch.where(position == n[..., None], nxt[..., None], out)

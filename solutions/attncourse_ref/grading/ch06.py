@@ -697,4 +697,318 @@ def check_data():
                 "t07_times": ref.next_token_probs(logits * 0.7), "k3": ref.next_token_probs(logits, top_k=3),
                 "ties": ties, "ties_k3": ref.next_token_probs(ties, top_k=3)}
     return {"tokenizers": tokenizers, "attention": attention, "block": block, "gpt": gpt, "loss": loss,
-            "sampling": sampling}
+            "sampling": sampling, **_gqa_check_data(np.random.default_rng(66))}
+
+
+# ---- grouped-query attention ------------------------------------------------------------------------------
+# (n_head, n_kv_head) in turn: 1 < n_kv_head < n_head in six of ten (where the grouping shows), multi-query
+# (n_kv_head = 1) and multi-head (n_kv_head = n_head) in two each.
+GQA_SHAPES = [(4, 2), (6, 3), (4, 1), (6, 2), (4, 4), (6, 3), (4, 2), (6, 1), (6, 2), (2, 2)]
+
+
+def _gqa_init(rng, i):
+    n_head, n_kv_head = GQA_SHAPES[i % len(GQA_SHAPES)]
+    return {"n_embd": n_head * int(rng.integers(1, 4)), "n_head": n_head, "n_kv_head": n_kv_head}
+
+
+def _gqa_describe(init, x, past=None, train=False):
+    sizes = ", ".join(f"{k}={v}" for k, v in init.items())
+    shape, dtype = list(x.shape), str(x.dtype)[6:]
+    if train:
+        return (f"GroupedQueryAttention({sizes}) in training mode (dropout active, the same torch.manual_seed before "
+                f"both calls) on x {shape} {dtype}")
+    if past is not None:
+        return f"GroupedQueryAttention({sizes}) on x {shape} {dtype}, past_kv of {past[0].shape[2]} tokens ({list(past[0].shape)})"
+    return f"GroupedQueryAttention({sizes}) on x {shape} {dtype}"
+
+
+@hidden_test("ch06.gqa", forbid=NO_MHA)
+def gqa(rng):
+    """Ten cases, float64 in two of three; training mode (dropout 0.5) in four; the returned cache must hold
+    n_kv_head heads (a cache of repeated keys has the wrong shape in every case with n_kv_head < n_head)."""
+    cases = []
+    for i in range(10):
+        init = _gqa_init(rng, i)
+        train = i in (1, 3, 6, 8)
+        if train:
+            init["dropout"] = 0.5
+        dtype = _mostly64(i)
+        module = _randomize(ref.GroupedQueryAttention(**init), rng).to(dtype)
+        b, t = int(rng.integers(1, 4)), int(rng.integers(2, 8))
+        x = torch.from_numpy(rng.standard_normal((b, t, init["n_embd"]))).to(dtype)
+        cases.append(module_case(module, init, [x], train_seed=_train_seed(rng) if train else None,
+                                 describe=_gqa_describe(init, x, train=train)))
+    return cases
+
+
+@hidden_test("ch06.gqa_cache", forbid=NO_MHA)
+def gqa_cache(rng):
+    """Eight cases with a cache of n_kv_head heads: one new token in three, two to four in five."""
+    cases = []
+    for i in range(8):
+        init = _gqa_init(rng, i + 3)
+        dtype = _mostly64(i)
+        module = _randomize(ref.GroupedQueryAttention(**init), rng).to(dtype)
+        b, t_past, t = int(rng.integers(1, 4)), int(rng.integers(1, 7)), (1 if i % 3 == 0 else int(rng.integers(2, 5)))
+        x = torch.from_numpy(rng.standard_normal((b, t, init["n_embd"]))).to(dtype)
+        past = _past(rng, b, init["n_kv_head"], t_past, init["n_embd"] // init["n_head"], dtype)
+        cases.append(module_case(module, init, [x], {"past_kv": past}, describe=_gqa_describe(init, x, past)))
+    return cases
+
+
+@hidden_test("ch06.gqa_from_mha")
+def gqa_from_mha(rng):
+    """Eight conversions, float64 in two of three, every one with groups of two or more heads."""
+    cases = []
+    for i in range(8):
+        n_head, n_kv_head = [(4, 2), (6, 3), (4, 1), (6, 2), (8, 2), (6, 1), (8, 4), (4, 2)][i]
+        c = n_head * int(rng.integers(1, 4))
+        dtype = _mostly64(i)
+        weight = torch.from_numpy(rng.standard_normal((3 * c, c))).to(dtype)
+        bias = torch.from_numpy(rng.standard_normal(3 * c)).to(dtype)
+        cases.append(function_case(ref.gqa_from_mha, [weight, bias, n_head, n_kv_head]))
+    return cases
+
+
+# ---- speculative decoding ----------------------------------------------------------------------------------
+def _spec_inputs(rng, batch, k, V, dtype, zeros=False, same=False):
+    """Target and draft distributions (some tokens of probability 0 with ``zeros``; the draft equal to the
+    target with ``same``, else the target's logits plus noise, as a draft model resembles its target) and
+    draft tokens drawn from the draft's distributions."""
+    def masked(logits):
+        if zeros:
+            logits = logits.masked_fill(torch.from_numpy(rng.random(logits.shape) < 0.3), float("-inf"))
+            logits[..., 0] = logits[..., 0].clamp(min=-10.0)       # at least one token stays
+        return logits
+    logits = torch.from_numpy(rng.standard_normal((*batch, k + 1, V)) * 1.5)
+    p = torch.softmax(masked(logits.clone()), -1)
+    noise = torch.from_numpy(rng.standard_normal((*batch, k, V)) * 0.8)
+    q = p[..., :k, :].clone() if same else torch.softmax(masked(logits[..., :k, :] + noise), -1)
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    x = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(*batch, k)
+    return p.to(dtype), q.to(dtype), x
+
+
+def _spec_exact_judge(expected):
+    expected = expected.numpy()
+
+    def judge(got):
+        if len(got) != 1:
+            return f"expected one tensor of token ids, got {len(got)} values"
+        out = got[0]
+        if out.shape != expected.shape:
+            return f"the result has shape {list(out.shape)}, expected {list(expected.shape)} ([..., k + 1])"
+        if out.dtype != np.int64:
+            return f"the result has dtype {out.dtype}, expected int64 (torch.long)"
+        if not np.array_equal(out, expected):
+            rows = int((out != expected).reshape(-1, out.shape[-1]).any(-1).sum())
+            return (f"{rows} of {expected.reshape(-1, expected.shape[-1]).shape[0]} rows differ from the reference's with "
+                    "the same generator seed: draw the uniforms first (torch.rand(draft_tokens.shape, generator=generator, "
+                    "dtype=target_probs.dtype)), accept while u < p / q, then one torch.multinomial call for all rows")
+        return None
+    return judge
+
+
+@hidden_test("ch06.speculative_step")
+def speculative_step(rng):
+    """Eight cases compared token for token with the reference, each called twice with generators of the same
+    seed (the random draws are fixed by the docstring): batch shapes (), [B] and [B1, B2], k from 1 to 3 (and 5
+    once), float64 in two of three, tokens of probability 0, drafts that resemble the target (so that rows
+    where every draft token is accepted, and a bonus token is drawn, are common) and a draft equal to the target."""
+    cases = []
+    for i in range(8):
+        batch = [(), (16,), (3, 8), (40,), (24,), (4, 6), (30,), (8,)][i]
+        k, V = (int(rng.integers(1, 4)) if i != 3 else 5), int(rng.integers(3, 12))
+        dtype = _mostly64(i)
+        p, q, x = _spec_inputs(rng, batch, k, V, dtype, zeros=i in (2, 5, 6), same=i == 7)
+        g = _seeded(rng)
+        expected = ref.speculative_step(p, q, x, torch.Generator().manual_seed(g.initial_seed()))
+        cases.append(judged_case([p, q, x, g], judge=_spec_exact_judge(expected), repeat=2,
+                                 describe=f"target_probs {list(p.shape)}, draft_probs {list(q.shape)} ({str(dtype)[6:]}), "
+                                          f"draft_tokens {list(x.shape)}, k={k}, twice with the same generator seed"))
+    return cases
+
+
+def spec_expected_lengths(p, q):
+    """P(n accepted = j), j = 0 .. k, for one row: token i is accepted with probability sum_x min(p_i, q_i)."""
+    beta = torch.minimum(p[:-1], q).sum(-1).double()                # [k]
+    reach = torch.cat([torch.ones(1, dtype=torch.float64), beta.cumprod(0)])      # P(n >= j)
+    return reach - torch.cat([reach[1:], torch.zeros(1, dtype=torch.float64)])
+
+
+def spec_statistics(out, p, q, x):
+    """The chi-square statistics a speculative step's rows are judged by: one per position j (the tokens
+    at position j, where the row has one, against p_j) and one for the number of accepted tokens.
+    Returns [(j or "accepted", stat, df, counts, expected)] or a str saying what is malformed."""
+    k, V = q.shape[-2], q.shape[-1]
+    n = (out != ref.PAD_TOKEN).sum(-1) - 1                         # accepted draft tokens per row
+    if (n < 0).any():
+        return "some rows hold no new token: every step adds at least one (the correction or the bonus token)"
+    position = np.arange(k + 1)
+    if (out[position > n[:, None]] != ref.PAD_TOKEN).any() or (out[position <= n[:, None]] == ref.PAD_TOKEN).any():
+        return "the new tokens must come first in each row, then PAD_TOKEN (-1) to the end"
+    if (out[:, :k][position[:k] < n[:, None]] != x[position[:k] < n[:, None]]).any():
+        return "the accepted tokens must be the draft's tokens, in their order"
+    last = out[np.arange(len(out)), n]
+    if ((last < 0) | (last >= V)).any():
+        return "the token after the accepted ones is not a token id in 0 .. V - 1"
+    stats = []
+    for j in range(k + 1):
+        column = out[n >= j, j]
+        counts = np.bincount(column, minlength=V).astype(float)
+        expected = p[j] * len(column)
+        if (counts[expected == 0] > 0).any():
+            return f"a token of target probability 0 came out at position {j}"
+        stats.append((j, *_chi2(counts, expected), counts, expected))
+    counts = np.bincount(n, minlength=k + 1).astype(float)
+    expected = spec_expected_lengths(torch.from_numpy(p), torch.from_numpy(q)).numpy() * len(out)
+    stats.append(("accepted", *_chi2(counts, expected), counts, expected))
+    return stats
+
+
+def _spec_statistics_judge(p, q, x):
+    p, q, x = p[0].double().numpy(), q[0].double().numpy(), x.numpy()
+
+    def judge(got):
+        if len(got) != 1:
+            return f"expected one tensor of token ids, got {len(got)} values"
+        out = got[0]
+        if out.shape != (len(x), x.shape[1] + 1):
+            return f"the result has shape {list(out.shape)}, expected {[len(x), x.shape[1] + 1]} ([..., k + 1])"
+        if out.dtype != np.int64:
+            return f"the result has dtype {out.dtype}, expected int64 (torch.long)"
+        stats = spec_statistics(out, p, q, x)
+        if isinstance(stats, str):
+            return stats
+        for what, stat, df, counts, expected in stats:
+            if df > 0 and stat > chi2_limit(df):
+                shares = np.round(counts / counts.sum(), 3).tolist()
+                want = np.round(expected / expected.sum(), 3).tolist()
+                if what == "accepted":
+                    return (f"over {len(out):,} steps the shares of 0 .. {len(want) - 1} accepted tokens are {shares}, "
+                            f"expected {want} (token i is accepted with probability min(1, p_i(x) / q_i(x)); chi-square "
+                            f"{stat:.0f} with {df} degrees of freedom; a correct step exceeds {chi2_limit(df):.0f} once in a million)")
+                return (f"over {len(out):,} steps the tokens at position {what} have frequencies {shares}, but the target's "
+                        f"distribution there is {want} (chi-square {stat:.0f} with {df} degrees of freedom; a correct step "
+                        f"exceeds {chi2_limit(df):.0f} once in a million)")
+        return None
+    return judge
+
+
+# The statistical cases: a target and a draft per position, the same in every row.
+SPEC_ROWS = 20_000
+SPEC_CASES = [
+    # k = 2, V = 4: the draft favours the tokens the target does not
+    (torch.float64, [[0.1, 0.2, 0.3, 0.4], [0.5, 0.1, 0.1, 0.3], [0.25, 0.25, 0.4, 0.1]],
+     [[0.4, 0.3, 0.2, 0.1], [0.2, 0.2, 0.3, 0.3]]),
+    # k = 3, V = 6: tokens the draft never proposes (q = 0 where p > 0) and tokens the target never takes
+    (torch.float64, [[0.3, 0.0, 0.2, 0.2, 0.3, 0.0], [0.1, 0.1, 0.1, 0.1, 0.3, 0.3], [0.0, 0.5, 0.0, 0.25, 0.25, 0.0],
+                     [0.2, 0.2, 0.2, 0.2, 0.1, 0.1]],
+     [[0.2, 0.3, 0.5, 0.0, 0.0, 0.0], [0.3, 0.3, 0.1, 0.1, 0.1, 0.1], [0.1, 0.4, 0.1, 0.2, 0.1, 0.1]]),
+    # k = 1, V = 5, float32
+    (torch.float32, [[0.05, 0.15, 0.3, 0.3, 0.2], [0.6, 0.1, 0.1, 0.1, 0.1]], [[0.3, 0.3, 0.2, 0.1, 0.1]]),
+]
+
+
+def spec_statistics_inputs(rng, case):
+    dtype, p, q = case
+    p, q = torch.tensor(p, dtype=torch.float64), torch.tensor(q, dtype=torch.float64)
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    x = torch.multinomial(q, SPEC_ROWS, replacement=True, generator=g).t().contiguous()      # [rows, k]
+    k, V = q.shape
+    return (p.to(dtype).expand(SPEC_ROWS, k + 1, V).contiguous(), q.to(dtype).expand(SPEC_ROWS, k, V).contiguous(), x)
+
+
+@hidden_test("ch06.speculative_distribution")
+def speculative_distribution(rng):
+    """Three cases of 20,000 steps from one target and one draft (k = 2, 3, 1), each called twice with generators
+    of the same seed. At every position the tokens that come out must follow the target's distribution, and the
+    number of accepted tokens its law (P(token i accepted) = sum_x min(p_i(x), q_i(x))): chi-square tests at
+    the 1e-6 level. Their power against the usual mistakes (resampling from p or from q instead of
+    max(0, p - q), accepting with q / p, accepting by p >= q without a draw, the bonus token from p_(k-1)) is
+    above 0.9999 in the first case alone (tests/test_ch06_reference.py computes it)."""
+    cases = []
+    for case in SPEC_CASES:
+        p, q, x = spec_statistics_inputs(rng, case)
+        cases.append(judged_case([p, q, x, _seeded(rng)], judge=_spec_statistics_judge(p, q, x), repeat=2,
+                                 describe=f"{SPEC_ROWS:,} steps with k={x.shape[1]}, V={p.shape[-1]} ({str(p.dtype)[6:]}), "
+                                          "the same target and draft distributions in every row, twice with the same "
+                                          "generator seed"))
+    return cases
+
+
+# ---- the visible checks' stored cases for grouped-query attention and speculative decoding -------------------
+def _gqa_variant(module, x, past=None, strided=False, top_left=False, no_mask=False):
+    """The reference grouped-query attention with one known mistake, for the visible checks to recognise it."""
+    b, t, c = x.shape
+    d = c // module.n_head
+    q, k, v = module.c_attn(x).split([c, module.n_kv_head * d, module.n_kv_head * d], dim=-1)
+    q = q.view(b, t, module.n_head, d).transpose(1, 2)
+    k, v = (u.view(b, t, module.n_kv_head, d).transpose(1, 2) for u in (k, v))
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+    group = module.n_head // module.n_kv_head
+    k, v = (u.repeat(1, group, 1, 1) if strided else u.repeat_interleave(group, dim=1) for u in (k, v))
+    mask = None
+    if past is not None and not top_left and not no_mask:
+        mask = torch.ones(t, k.shape[2], dtype=torch.bool).tril(k.shape[2] - t)
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                         is_causal=mask is None and not no_mask)
+    return module.c_proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+def _gqa_from_mha_variant(weight, bias, n_head, n_kv_head, how):
+    c = weight.shape[1]
+    d, group = c // n_head, n_head // n_kv_head
+
+    def pool(rows):
+        if how == "strided":                 # heads h and h + n_kv_head, ... pooled together
+            heads = rows.reshape(group, n_kv_head, d, *rows.shape[1:]).mean(dim=0)
+        else:
+            heads = rows.reshape(n_kv_head, group, d, *rows.shape[1:])
+            heads = heads[:, 0] if how == "first" else heads.sum(dim=1)
+        return heads.reshape(n_kv_head * d, *rows.shape[1:])
+
+    def convert(t):
+        q, k, v = t.split(c, dim=0)
+        return torch.cat([q, pool(k), pool(v)], dim=0)
+    return convert(weight), convert(bias)
+
+
+def _gqa_check_data(rng):
+    init = {"n_embd": 12, "n_head": 4, "n_kv_head": 2}
+    torch.manual_seed(7)
+    attn = _randomize(ref.GroupedQueryAttention(**init), rng).double().eval()
+    x = fixed((2, 5, 12), 71)
+    y, (k, v) = attn(x)
+    past = (fixed((2, 2, 3, 3), 72), fixed((2, 2, 3, 3), 73))
+    xc = fixed((2, 2, 12), 74)
+    yc, (kc, vc) = attn(xc, past)
+    dropping = ref.GroupedQueryAttention(**init, dropout=0.5).double()
+    dropping.load_state_dict(attn.state_dict())
+    torch.manual_seed(13)
+    y_train = dropping.train()(x)[0]
+    resid_only = ref.GroupedQueryAttention(**init, dropout=0.5).double()
+    resid_only.load_state_dict(attn.state_dict())
+    resid_only.dropout = 0.0
+    torch.manual_seed(13)
+    y_train_resid_only = resid_only.train()(x)[0]
+    gqa = {"init": init, "state": dict(attn.state_dict()), "x": x, "y": y, "k": k, "v": v,
+           "y_train": y_train, "y_train_resid_only": y_train_resid_only,
+           "y_strided": _gqa_variant(attn, x, strided=True),
+           "past_k": past[0], "past_v": past[1], "x_new": xc, "y_cached": yc, "k_cached": kc, "v_cached": vc,
+           "y_cached_strided": _gqa_variant(attn, xc, past, strided=True),
+           "y_cached_top_left": _gqa_variant(attn, xc, past, top_left=True),
+           "y_cached_no_mask": _gqa_variant(attn, xc, past, no_mask=True)}
+    weight, bias = fixed((36, 12), 75), fixed((36,), 76)
+    converted = ref.gqa_from_mha(weight, bias, 4, 2)
+    conversion = {"weight": weight, "bias": bias, "n_head": 4, "n_kv_head": 2,
+                  "expected_weight": converted[0], "expected_bias": converted[1],
+                  **{f"{how}_weight": _gqa_from_mha_variant(weight, bias, 4, 2, how)[0]
+                     for how in ("first", "strided", "sum")}}
+    # speculative decoding: 3 rows, k = 3, V = 6, seed 0: what the reference returns
+    p = torch.softmax(fixed((3, 4, 6), 77) * 2, -1)
+    q = torch.softmax(fixed((3, 3, 6), 78) * 2, -1)
+    xs = torch.multinomial(q.reshape(-1, 6), 1, generator=torch.Generator().manual_seed(79)).reshape(3, 3)
+    spec = {"p": p, "q": q, "x": xs, "out": ref.speculative_step(p, q, xs, torch.Generator().manual_seed(0))}
+    return {"gqa": gqa, "gqa_from_mha": conversion, "speculative": spec}

@@ -731,3 +731,208 @@ def check_mlm_statistics(fn):
     if abs(rate30 - 0.3) > 0.025:
         fail(f"with mlm_prob=0.3, {rate30:.3f} of the non-special positions were chosen: use the mlm_prob argument")
     ok(f"mlm_mask: {rate:.3f} chosen, {masked:.2f} masked / {1 - masked - kept:.2f} random / {kept:.2f} kept")
+
+
+# ---- grouped-query attention ------------------------------------------------------------------------------------
+def _gqa_cache_shape(k, v, expected):
+    for name, t in (("keys", k), ("values", v)):
+        if not isinstance(t, torch.Tensor):
+            fail(f"the returned {name} should be a tensor, got {type(t).__name__}")
+    if tuple(k.shape) != tuple(expected) and len(k.shape) == 4 and k.shape[1] == 4 and expected[1] == 2:
+        fail(f"the returned cache holds {k.shape[1]} heads, one per query head: keep the n_kv_head = 2 heads "
+             f"[B, n_kv_head, T, D] = {list(expected)} and repeat them only for the attention; a cache of "
+             "repeated keys saves no memory")
+    expect_tensor(k, "the returned keys", shape=expected)
+    expect_tensor(v, "the returned values", shape=expected)
+
+
+@torch.no_grad()
+def check_gqa(cls):
+    """Check GroupedQueryAttention(n_embd, n_head, n_kv_head).forward(x) -> (y, (k, v)) without a cache."""
+    c = _data()["gqa"]
+    module = build_module(cls, c["init"], "GroupedQueryAttention", c["state"])
+    x = tensor(c["x"])
+    with forbidding(NO_MHA, "GroupedQueryAttention"):
+        y, k, v = _kv(call(module, x, what="GroupedQueryAttention.forward(x)"), "GroupedQueryAttention.forward")
+    _gqa_cache_shape(k, v, (2, 2, 5, 3))
+    expect_tensor(y, "the output y", shape=(2, 5, 12))
+    if not close(y, tensor(c["y"])):
+        x2 = x.clone()
+        x2[:, -1] += 1.0
+        y2 = call(module, x2, what="GroupedQueryAttention.forward(x)")[0]
+        if max_error(y[:, :-1], y2[:, :-1]) > 1e-9:
+            fail("changing the last token changed the outputs at earlier positions: the attention is not "
+                 "causal. Pass is_causal=True to F.scaled_dot_product_attention (no cache)")
+        if close(y, tensor(c["y_strided"])):
+            fail("query head h must use key/value head h // (n_head // n_kv_head): consecutive query heads share "
+                 "one (k.repeat_interleave(group, dim=1)); k.repeat(1, group, 1, 1) pairs head h with h % n_kv_head")
+        fail(f"the output differs from the expected one (max error {max_error(y, tensor(c['y'])):.3g}): q, k, v = "
+             "c_attn(x).split([C, n_kv_head * D, n_kv_head * D], dim=-1), heads [B, heads, T, D], keys and values "
+             "repeat_interleave'd to n_head heads, causal attention, heads merged back to [B, T, C], then c_proj")
+    if not (close(k, tensor(c["k"])) and close(v, tensor(c["v"]))):
+        fail("y is right but the returned (k, v) are not this call's keys and values, [B, n_kv_head, T, D], before "
+             "they are repeated for the query heads")
+    dropping = build_module(cls, {**c["init"], "dropout": 0.5}, "GroupedQueryAttention", c["state"]).train()
+    with torch.random.fork_rng(), forbidding(NO_MHA, "GroupedQueryAttention"):
+        torch.manual_seed(13)
+        y_train = _kv(call(dropping, x, what="GroupedQueryAttention(dropout=0.5) in training mode"),
+                      "GroupedQueryAttention.forward")[0]
+    if not close(y_train, tensor(c["y_train"])):
+        if close(y_train, tensor(c["y"])):
+            fail("in training mode (dropout=0.5) your attention gives its evaluation output: dropout is never applied. "
+                 "Pass dropout_p=self.dropout if self.training else 0.0 to F.scaled_dot_product_attention and apply "
+                 "self.resid_dropout to c_proj's output")
+        if close(y_train, tensor(c["y_train_resid_only"])):
+            fail("in training mode the attention weights get no dropout: pass dropout_p=self.dropout if self.training "
+                 "else 0.0 to F.scaled_dot_product_attention (self.resid_dropout on the output is right)")
+        fail("in training mode (dropout=0.5, torch.manual_seed(13) first) your attention differs from the expected "
+             "output: dropout_p=self.dropout if self.training else 0.0 on the attention weights, then "
+             "self.resid_dropout on c_proj's output")
+    y32 = call(module.float(), x.float(), what="GroupedQueryAttention in float32")[0]
+    if y32.dtype != torch.float32 or not close(y32, tensor(c["y"]), atol=1e-4):
+        fail("in float32 the module should return float32 outputs matching float64 to 1e-4")
+    ok("GroupedQueryAttention: 4 query heads share 2 key/value heads (h // 2), the cache holds 2 heads")
+
+
+@torch.no_grad()
+def check_gqa_cache(cls):
+    """Check GroupedQueryAttention.forward(x, past_kv) with a cache of n_kv_head heads."""
+    c = _data()["gqa"]
+    module = build_module(cls, c["init"], "GroupedQueryAttention", c["state"])
+    past = (tensor(c["past_k"]), tensor(c["past_v"]))
+    x = tensor(c["x_new"])
+    try:
+        with forbidding(NO_MHA, "GroupedQueryAttention"):
+            out = module(x, past_kv=past)
+    except NotImplementedError:
+        fail("GroupedQueryAttention.forward is not implemented yet: replace `raise NotImplementedError()`", NotDoneYet)
+    except Exception as exc:
+        fail(f"GroupedQueryAttention.forward(x, past_kv) with past keys [B, n_kv_head, T_past, D] = [2, 2, 3, 3] "
+             f"raised {type(exc).__name__}: {exc}")
+    y, k, v = _kv(out, "GroupedQueryAttention.forward")
+    _gqa_cache_shape(k, v, (2, 2, 5, 3))
+    expect_tensor(y, "the output y", shape=(2, 2, 12))
+    if not (close(k, tensor(c["k_cached"])) and close(v, tensor(c["v_cached"]))):
+        fail("the returned cache should be torch.cat([past, new], dim=2) of the n_kv_head heads: the past first")
+    if not close(y, tensor(c["y_cached"])):
+        if close(y, tensor(c["y_cached_no_mask"])):
+            fail("with a cache and several new tokens, new token i must not see the new tokens after it: pass the "
+                 "shifted causal mask (query i sees keys 0 .. t_past + i) when past_kv is given")
+        if close(y, tensor(c["y_cached_top_left"])):
+            fail("with a cache the causal mask must be shifted: new query i sits at position t_past + i and sees "
+                 "keys 0 .. t_past + i. is_causal=True aligns the mask to the top left (query 0 sees key 0 only); "
+                 "build the mask yourself when past_kv is given")
+        if close(y, tensor(c["y_cached_strided"])):
+            fail("query head h must use key/value head h // (n_head // n_kv_head): consecutive query heads share "
+                 "one (k.repeat_interleave(group, dim=1)); k.repeat(1, group, 1, 1) pairs head h with h % n_kv_head")
+        fail(f"with a cache the output differs from the expected one (max error {max_error(y, tensor(c['y_cached'])):.3g})")
+    ok("GroupedQueryAttention with a cache: 2 key/value heads grow along time, the mask is shifted by the past")
+
+
+def check_gqa_from_mha(fn):
+    """Check gqa_from_mha(weight, bias, n_head, n_kv_head) -> (weight, bias) of a grouped-query c_attn."""
+    require_callable(fn, "gqa_from_mha")
+    c = _data()["gqa_from_mha"]
+    weight, bias = tensor(c["weight"]), tensor(c["bias"])
+    out = _pair(call(fn, weight, bias, 4, 2, what="gqa_from_mha(weight [36, 12], bias [36], 4, 2)"), "gqa_from_mha")
+    w, b = out
+    expect_tensor(w, "the converted weight")
+    expect_tensor(b, "the converted bias")
+    if tuple(w.shape) == (18, 12):
+        fail("the converted weight has shape [18, 12]: you pooled the queries too. Keep every query row (the first "
+             "C = 12) and pool only the keys and the values, to n_kv_head * D = 6 rows each: [24, 12]")
+    expect_tensor(w, "the converted weight", shape=(24, 12))
+    expect_tensor(b, "the converted bias", shape=(24,))
+    if not close(w[:12], weight[:12]):
+        fail("the first C rows (the queries) must be copied unchanged: every query head keeps its own projection")
+    if not close(w, tensor(c["expected_weight"])):
+        if close(w, tensor(c["first_weight"])):
+            fail("you kept the first head of each group; mean pooling averages the group's heads "
+                 "(the mean of the key rows of heads g * group .. (g + 1) * group - 1)")
+        if close(w, tensor(c["sum_weight"])):
+            fail("you summed the heads of each group: average them (divide by n_head // n_kv_head)")
+        if close(w, tensor(c["strided_weight"])):
+            fail("group g holds the consecutive heads g * group .. (g + 1) * group - 1 (query head h uses key/value "
+                 "head h // group), not heads g, g + n_kv_head, ...")
+        fail(f"the converted weight differs from the expected one (max error "
+             f"{max_error(w, tensor(c['expected_weight'])):.3g}): rows [q | mean of each group's k heads | the same for v]")
+    if not close(b, tensor(c["expected_bias"])):
+        fail("the weight is right but the bias is not: pool the key and value biases the same way")
+    w32 = call(fn, weight.float(), bias.float(), 4, 2, what="gqa_from_mha in float32")[0]
+    expect_tensor(w32, "the converted float32 weight", dtype=torch.float32)
+    mha = _pair(call(fn, weight, bias, 4, 4, what="gqa_from_mha(weight, bias, 4, 4)"), "gqa_from_mha")
+    if not (close(mha[0], weight) and close(mha[1], bias)):
+        fail("with n_kv_head = n_head every group is one head: the weights must come back unchanged")
+    ok("gqa_from_mha: queries kept, each group of 2 key/value heads averaged into one")
+
+
+# ---- speculative decoding -----------------------------------------------------------------------------------------
+PAD = -1
+
+
+def _spec_call(fn, p, q, x, seed, what):
+    out = call(fn, p, q, x, torch.Generator().manual_seed(seed), what=what)
+    expect_tensor(out, "the result", shape=(*x.shape[:-1], x.shape[-1] + 1), dtype=torch.long)
+    return out
+
+
+def check_speculative_step(fn):
+    """Check speculative_step(target_probs, draft_probs, draft_tokens, generator) -> long [..., k + 1]."""
+    require_callable(fn, "speculative_step")
+    f64 = torch.float64
+    rows = 2000
+    # k = 1. Draft token 1: p = 0.25, q = 0.5, so it is accepted half the time; on a rejection the residual
+    # max(0, p - q) is all on token 0; token 3 (p_1 = 1) is the only possible bonus token.
+    p = torch.tensor([[0.75, 0.25, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]], dtype=f64).expand(rows, 2, 4)
+    q = torch.tensor([[0.1, 0.5, 0.2, 0.2]], dtype=f64).expand(rows, 1, 4)
+    x = torch.ones(rows, 1, dtype=torch.long)
+    what = "speculative_step on 2,000 rows, k = 1, draft token 1 with p = 0.25 and q = 0.5"
+    out = _spec_call(fn, p, q, x, 0, what)
+    again = _spec_call(fn, p, q, x, 0, what)
+    if not same(out, again):
+        fail("two generators with the same seed gave different results: draw every random number from the "
+             "generator argument (torch.rand(..., generator=generator), torch.multinomial(..., generator=generator))")
+    first, second = out[:, 0], out[:, 1]
+    if bool((first == PAD).any()) or bool(((first < 0) | (first > 3)).any()):
+        fail("every row must start with a token: the accepted draft token or the correction")
+    two = second != PAD                                  # rows where the draft token was accepted (+ bonus)
+    ended = ~two
+    if not bool(two.any()) and bool((first == 1).any()):
+        fail("no row has a bonus token: when every draft token is accepted, add one more token drawn from p_k "
+             "(target_probs[..., k, :]); a step always adds one token of its own")
+    if bool((first[two] != 1).any()):
+        fail("a row with two tokens must start with the accepted draft token (1 here)")
+    if bool((first[ended] >= 2).any()):
+        fail("after a rejection you drew a token that the target gives probability 0 (2 or 3 here): the correction is "
+             "drawn from max(0, p - q), normalised, not from the draft's q")
+    if bool((first[ended] == 1).any()):
+        fail("after a rejection you resampled from the target's p: draw the correction from max(0, p - q), "
+             "normalised (here all on token 0); drawing from p brings the rejected token back too often")
+    share = float(two.double().mean())
+    if share > 0.95:
+        fail(f"the draft token was accepted in {share:.0%} of the rows, but the target gives it p = 0.25 and the draft "
+             "q = 0.5: accept it with probability min(1, p / q) = 0.5 (u < p / q for a uniform u), not q / p and "
+             "not always")
+    if share < 0.05:
+        fail(f"the draft token was accepted in {share:.0%} of the rows: accept it with probability min(1, p / q) = "
+             "0.5, drawing a uniform u and accepting when u < p / q (not only when p >= q)")
+    if abs(share - 0.5) > 0.06:
+        fail(f"the draft token was accepted in {share:.1%} of the rows, expected about 50%: accept when u < p / q")
+    if bool((second[two] != 3).any()):
+        fail("the bonus token must come from target_probs[..., k, :] (here always token 3), the position after the "
+             "last draft token, not from an earlier distribution")
+    c = _data()["speculative"]
+    pc, qc, xc = tensor(c["p"]), tensor(c["q"]), torch.tensor(c["x"])
+    got = _spec_call(fn, pc, qc, xc, 0, "speculative_step(p [3, 4, 6], q [3, 3, 6], x [3, 3], seed 0)")
+    want = torch.tensor(c["out"])
+    if not same(got, want):
+        fail(f"the rules are right, but with a generator of seed 0 the reference returns {want.tolist()} and yours "
+             f"{got.tolist()}: follow the docstring's order of draws (all k uniforms first, as one torch.rand of "
+             "target_probs' dtype, then one torch.multinomial for all rows) so that the hidden tests can compare tokens")
+    got32 = _spec_call(fn, pc.float(), qc.float(), xc, 0, "speculative_step with float32 probabilities")
+    if not same(got32[..., 0] >= 0, torch.ones(3, dtype=torch.bool)):
+        fail("with float32 probabilities every row must still start with a token")
+    single = call(fn, pc[0], qc[0], xc[0], torch.Generator().manual_seed(0), what="speculative_step without a batch axis")
+    expect_tensor(single, "the result for one sequence (p [4, 6], q [3, 6], x [3])", shape=(4,), dtype=torch.long)
+    ok(f"speculative_step: accepted {share:.0%} where min(1, p / q) = 50%, corrections from max(0, p - q), bonus from "
+       "p_k, reproducible")
