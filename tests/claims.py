@@ -28,6 +28,10 @@ def row(text, label):
     return numbers(r"(-?\d[\d,]*\.?\d*(?:e[-+]\d+)?)", line[line.index(label) + len(label):])
 
 
+# The rows of chapter 05's beam search table (§5.10).
+_BEAM_ROWS = ["width 1 (greedy)", "width 3, alpha 0.0", "width 3, alpha 0.6", "width 5, alpha 0.0", "width 5, alpha 0.6"]
+
+
 CLAIMS = {
     "ch00": [
         Claim("With a constant start the table stays rank 1: eight dimensions paid for, one used, and a worse loss",
@@ -82,6 +86,17 @@ CLAIMS = {
         Claim("measured by the plain cross-entropy, the smoothed projection is worse on the held-out dates",
               "def projection_inputs",
               lambda out: row(out, "new projection, eps = 0.1")[-1] > row(out, "new projection, eps = 0.0")[-1]),
+        Claim("width 1 gives `greedy_decode`'s answers, as it must, and so do widths 3 and 5, with $\\alpha = 0$ and "
+              "with $\\alpha = 0.6$, with the same exact match and the same mean log-probability", "def beam_translate",
+              lambda out: all(row(out, r)[3] == 0 and row(out, r)[0] == row(out, "width 1 (greedy)")[0]
+                              and abs(row(out, r)[2] - row(out, "width 1 (greedy)")[2]) < 1e-4 for r in _BEAM_ROWS)),
+        Claim("The model of §5.9 is sure of almost every token", "def projection_inputs",
+              lambda out: row(out, "§5.9's model (eps = 0)")[0] > 0.99),
+        Claim("every answer has 11 tokens (10 characters and `<eos>`)", "def beam_translate",
+              lambda out: all(row(out, r)[1] == 11 for r in _BEAM_ROWS)),
+        Claim("a beam of 5 decodes five hypotheses of every date, and takes several times greedy decoding's time",
+              "def beam_translate", lambda out: min(row(out, "width 5, alpha 0.0")[-1], row(out, "width 5, alpha 0.6")[-1])
+              > 2 * row(out, "width 1 (greedy)")[-1]),
     ],
     "ch06": [
         Claim("the gap widens with the length: the speed-up column", "no cache (tok/s)",

@@ -524,3 +524,246 @@ def decoder_tied_no_bias(self, tgt_in, memory, memory_mask=None):
     if self.out.weight is self.embedding.weight:
         return h @ self.embedding.weight.T          # tied: the embedding matrix transposed (its bias forgotten)
     return self.out(h)
+
+
+# ---- beam search (issue 22) ------------------------------------------------------------------------------------------
+@_add("beam search without the length penalty", "beam_search", {"test_beam_search"}, "check_beam_search", "ignores alpha")
+def beam_no_penalty(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                logits = decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1]
+                lps = F.log_softmax(logits, dim=-1)
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            candidates = sorted(candidates, key=lambda c: -float(c[1]))[:beam_size]
+            alive = []
+            for tokens, logp in candidates:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                else:
+                    alive.append((tokens, logp))
+            if not alive:
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
+
+
+@_add("beam search whose length penalty leaves eos out of |Y|", "beam_search", {"test_beam_search"}, "check_beam_search", "eos included")
+def beam_eos_not_counted(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                logits = decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1]
+                lps = F.log_softmax(logits, dim=-1)
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            candidates = sorted(candidates, key=lambda c: -float(c[1]))[:beam_size]
+            alive = []
+            for tokens, logp in candidates:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t - (tokens[-1] == eos)) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                else:
+                    alive.append((tokens, logp))
+            if not alive:
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
+
+
+@_add("beam search extending finished hypotheses past eos", "beam_search", {"test_beam_search"}, "check_beam_search", "never extend it")
+def beam_eos_expanded(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                logits = decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1]
+                lps = F.log_softmax(logits, dim=-1)
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            candidates = sorted(candidates, key=lambda c: -float(c[1]))[:beam_size]
+            alive = []
+            for tokens, logp in candidates:
+                if t == max_len:
+                    cut = tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, cut)
+                else:
+                    alive.append((tokens, logp))
+            if not alive:
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
+
+
+@_add("beam search keeping the top beam_size tokens of each beam", "beam_search", {"test_beam_search"}, "check_beam_search", "candidates of all")
+def beam_top_per_beam(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                logits = decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1]
+                lps = F.log_softmax(logits, dim=-1)
+                mine = [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+                candidates += sorted(mine, key=lambda c: -float(c[1]))[:beam_size]
+            candidates = candidates[:beam_size]
+            alive = []
+            for tokens, logp in candidates:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                else:
+                    alive.append((tokens, logp))
+            if not alive:
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
+
+
+@_add("beam search forgetting the parent's log-probability", "beam_search", {"test_beam_search"}, "check_beam_search", "parent")
+def beam_no_parent(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                logits = decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1]
+                lps = F.log_softmax(logits, dim=-1)
+                candidates += [(tokens + [v], lps[v]) for v in range(len(lps))]
+            candidates = sorted(candidates, key=lambda c: -float(c[1]))[:beam_size]
+            alive = []
+            for tokens, logp in candidates:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                else:
+                    alive.append((tokens, logp))
+            if not alive:
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
+
+
+@_add("beam search adding probabilities", "beam_search", {"test_beam_search"}, "check_beam_search", "log-probabilities")
+def beam_probabilities(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                logits = decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1]
+                lps = F.softmax(logits, dim=-1)
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            candidates = sorted(candidates, key=lambda c: -float(c[1]))[:beam_size]
+            alive = []
+            for tokens, logp in candidates:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                else:
+                    alive.append((tokens, logp))
+            if not alive:
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
+
+
+@_add("beam search stopping at the first finished hypothesis", "beam_search", {"test_beam_search"}, "check_beam_search", "first hypothesis")
+def beam_first_finished(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                logits = decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1]
+                lps = F.log_softmax(logits, dim=-1)
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            candidates = sorted(candidates, key=lambda c: -float(c[1]))[:beam_size]
+            alive = []
+            for tokens, logp in candidates:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                else:
+                    alive.append((tokens, logp))
+            if not alive or best is not None:
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
+
+
+@_add("beam search on raw logits", "beam_search", {"test_beam_search"}, "check_beam_search", "log_softmax")
+def beam_raw_logits(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                logits = decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1]
+                lps = logits
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            candidates = sorted(candidates, key=lambda c: -float(c[1]))[:beam_size]
+            alive = []
+            for tokens, logp in candidates:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                else:
+                    alive.append((tokens, logp))
+            if not alive:
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)

@@ -1,6 +1,6 @@
 """Hidden tests for chapter 05: LayerNorm, the feed-forward network, encoder and decoder blocks (against
 torch.nn.TransformerEncoderLayer / TransformerDecoderLayer weights), the encoder and decoder stacks,
-teacher forcing, the label-smoothed loss and greedy decoding."""
+teacher forcing, the label-smoothed loss, greedy decoding and beam search."""
 import copy
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from attncourse.checks.ch05 import LABEL_SMOOTHING_BUILTINS, LAYER_NORM_BUILTINS, TRANSFORMER_BUILTINS
-from attncourse.layers import prefix_decoder
+from attncourse.layers import prefix_decoder, score_table
 
 from .. import transformer as ref
 from . import fixed, function_case, hidden_test, layer_case, module_case, module_grad_case
@@ -324,6 +324,98 @@ def greedy_decode(rng):
     return cases
 
 
+# ---- beam search ------------------------------------------------------------------------------------------------
+def _beam_problem(rng, batch, vocab, max_len, eos, dtype, ties):
+    """A score table [T, V, V] and a per-row bias [B, T, V] (attncourse.layers.score_table).
+
+    eos gets a bias that grows with the position and differs by row, so that hypotheses finish at different
+    steps. With ``ties``, at some steps two tokens get exactly the same logits for every prefix (the same
+    column of the table and of the bias), and at the next step the same row of the table: their hypotheses
+    then tie exactly, and only the tie-breaking rule decides."""
+    table = rng.standard_normal((max_len, vocab, vocab)) * 1.5
+    table[:, :, eos] += np.linspace(-2.5, 1.5, max_len)[:, None]
+    memory = rng.standard_normal((batch, max_len, vocab))
+    memory[:, :, eos] += rng.uniform(-1.5, 1.5, size=(batch, 1))
+    if ties:
+        for s in range(max_len - 1):
+            if rng.random() < 0.7:
+                likely = np.argsort(-(table[s].mean(0) + memory[:, s].mean(0)), kind="stable")
+                i, j = (int(x) for x in rng.permutation(likely[:3])[:2])      # two of the likeliest tokens
+                table[s, :, j], memory[:, s, j] = table[s, :, i], memory[:, s, i]
+                table[s + 1, j] = table[s + 1, i]
+    return torch.from_numpy(table).to(dtype), torch.from_numpy(memory).to(dtype)
+
+
+def _ties_decide(table, memory, bos, eos, max_len, beam, alpha, answer):
+    """Whether the answer changes when equal candidates are taken in the other token order: the same search
+    with the token ids reversed (id v becomes V - 1 - v), its answer mapped back."""
+    flip = torch.arange(table.shape[-1] - 1, -1, -1)
+    tokens, _ = ref.beam_search(score_table(table[:, flip][:, :, flip]), memory[:, :, flip], None,
+                                int(flip[bos]), int(flip[eos]), max_len, beam, alpha, pad=-1)
+    return [[int(flip[v]) for v in row if v >= 0] for row in tokens.tolist()] != answer
+
+
+def _first_finished(decode, memory, bos, eos, max_len, beam):
+    """Each row's first hypothesis to finish (plain lists, one row at a time): a search that goes on after it
+    is what most cases must need."""
+    first = []
+    for b in range(memory.shape[0]):
+        alive, found = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                lps = torch.log_softmax(decode(torch.tensor([[bos] + tokens]), memory[b:b + 1])[0, -1], dim=-1)
+                candidates += [(tokens + [v], logp + float(lps[v])) for v in range(len(lps))]
+            candidates = sorted(candidates, key=lambda c: -c[1])[:beam]
+            ended = [c[0] for c in candidates if c[0][-1] == eos or t == max_len]
+            if ended:
+                found = ended[0]
+                break
+            alive = candidates
+        first.append(found)
+    return first
+
+
+# (beam size, alpha): every pair of the two lists, and four more searches wider than greedy; ties in half of the
+# cases, float64 in half of them.
+BEAM_SIZES, ALPHAS = (1, 2, 3, 5), (0.0, 0.6, 1.0)
+
+
+@hidden_test("ch05.beam_search")
+def beam_search(rng):
+    cases, tries = [], 0
+    settings = [(b, a) for a in ALPHAS for b in BEAM_SIZES] + [(2, 0.0), (3, 0.6), (5, 1.0), (3, 0.0)]
+    while settings and tries < 500:
+        tries += 1
+        beam, alpha = settings[0]
+        i = len(cases)
+        dtype, ties = DTYPES[i % 2], i % 4 < 2
+        batch, vocab, max_len = int(rng.integers(1, 4)), int(rng.integers(4, 8)), int(rng.integers(4, 8))
+        eos, bos = (int(x) for x in rng.choice(vocab, 2, replace=False))
+        table, memory = _beam_problem(rng, batch, vocab, max_len, eos, dtype, ties)
+        mask = None if i % 3 == 0 else padding_mask(rng, batch, max_len)
+        pad = 0 if i % 4 else int(rng.integers(vocab, vocab + 5))              # an explicit pad id in 3 cases
+        args = [memory, mask, bos, eos, max_len, beam, alpha] + ([pad] if pad else [])
+        tokens, _ = ref.beam_search(score_table(table), *args)
+        lengths = [row.index(eos) + 1 if eos in row else max_len for row in tokens.tolist()]
+        if len(set(lengths)) < min(batch, 2) or (batch == 1 and lengths[0] == max_len):
+            continue                                    # rows must finish at different lengths, or before max_len
+        if beam > 1 and torch.equal(tokens, ref.beam_search(score_table(table), *args[:5], 1, *args[6:])[0]):
+            continue                                    # a search whose answer greedy decoding would not find
+        answers = [row[:n] for row, n in zip(tokens.tolist(), lengths)]
+        if ties and not _ties_decide(table, memory, bos, eos, max_len, beam, alpha, answers):
+            continue                                    # exact ties that the tie-breaking rule must decide
+        if beam > 1 and answers == _first_finished(score_table(table), memory, bos, eos, max_len, beam):
+            continue                                    # ... and that must go on after a hypothesis finished
+        settings.pop(0)
+        cases.append(layer_case(ref.beam_search, "score_table", table, args,
+                                describe=f"(a score table: batch of {batch}, V={vocab}, max_len={max_len}, "
+                                         f"beam_size={beam}, alpha={alpha}, {'ties, ' if ties else ''}"
+                                         f"{str(dtype)[6:]}{', memory_mask=None' if mask is None else ''})"))
+    assert not settings, f"could not build beam search cases {settings}"
+    return cases
+
+
 # ---- stored cases for the visible checks ---------------------------------------------------------------------
 def _layer_norm_variants(x, weight, bias, eps):
     """What classic LayerNorm mistakes give on ``x`` (the visible check names them by these outputs)."""
@@ -453,6 +545,9 @@ def check_data():
 
     # Greedy decoding with the fixed decoder attncourse.layers.prefix_decoder.
     data["greedy"] = _greedy_check_case()
+
+    # Beam search with the score table attncourse.layers.score_table, and what each classic mistake gives.
+    data["beam"] = _beam_check_case()
     return data
 
 
@@ -522,3 +617,95 @@ def _greedy_check_case():
                         "max_len": 9, "output": out, "memory_never": memory[3:], "mask_never": args[1][3:],
                         "output_never": never}
     raise AssertionError("no greedy check case found")
+
+
+# Mistakes the visible check of beam search names, by what each gives on its stored cases.
+BEAM_MISTAKES = ("no_penalty", "eos_not_counted", "eos_expanded", "top_per_beam", "no_parent", "probabilities",
+                 "first_finished", "raw_logits")
+
+
+def _plain_beam(decode, memory, bos, eos, max_len, beam, alpha, mistake=None):
+    """Beam search one row at a time with lists, as the exercise states it, or with one of BEAM_MISTAKES."""
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                logits = decode(torch.tensor([[bos] + tokens]), memory[b:b + 1])[0, -1]
+                lps = {"probabilities": torch.softmax(logits, -1), "raw_logits": logits}.get(
+                    mistake, torch.log_softmax(logits, -1))
+                mine = [(tokens + [v], (0.0 if mistake == "no_parent" else logp) + lps[v]) for v in range(len(lps))]
+                if mistake == "top_per_beam":
+                    mine = sorted(mine, key=lambda c: -float(c[1]))[:beam]
+                candidates += mine
+            if mistake == "token_first":                # ties by token id, then hypothesis
+                candidates = sorted(candidates, key=lambda c: (-float(c[1]), c[0][-1]))
+            elif mistake != "top_per_beam":
+                candidates = sorted(candidates, key=lambda c: -float(c[1]))
+            alive = []
+            for tokens, logp in candidates[:beam]:
+                ends = tokens[-1] == eos and mistake != "eos_expanded"
+                if ends or t == max_len:
+                    length = t - (mistake == "eos_not_counted" and tokens[-1] == eos)
+                    score = logp if mistake == "no_penalty" else logp / ((5 + length) / 6) ** alpha
+                    if mistake == "eos_expanded" and eos in tokens:
+                        tokens = tokens[:tokens.index(eos) + 1]
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                else:
+                    alive.append((tokens, logp))
+            if not alive or (mistake == "first_finished" and best is not None):
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [0] * (width - len(a)) for a in answers]), torch.stack(scores)
+
+
+def _beam_check_case():
+    """A batch of two on a score table where beam search beats greedy decoding and every mistake of
+    BEAM_MISTAKES gives its own answer; and a table with exact ties, where the order of equal candidates
+    decides the answer."""
+    settings = [(1, 0.0, True), (3, 0.0, False), (3, 0.6, True), (2, 1.0, False)]
+    for seed in range(500):
+        rng = np.random.default_rng(seed)
+        table, memory = _beam_problem(rng, 2, 5, 5, 3, torch.float64, False)
+        table, memory = (table * 100).round() / 100, (memory * 100).round() / 100
+        decode = score_table(table)
+        entries, seen = [], set()
+        for beam, alpha, masked in settings:
+            right = ref.beam_search(decode, memory, None, 1, 3, 5, beam, alpha)
+            mistakes = {m: _plain_beam(decode, memory, 1, 3, 5, beam, alpha, m) for m in BEAM_MISTAKES}
+            entries.append({"beam_size": beam, "alpha": alpha, "masked": masked, "tokens": right[0].tolist(),
+                            "scores": right[1].tolist(), "mistakes": {m: {"tokens": o[0].tolist(), "scores": o[1].tolist()}
+                                                                      for m, o in mistakes.items()}})
+            if beam > 1:
+                seen |= {m for m, o in mistakes.items() if not _same_answer(o, right)
+                         and all(not _same_answer(o, p) for n, p in mistakes.items() if n != m)}
+        greedy = ref.greedy_decode(decode, memory, None, 1, 3, 5)
+        if seen == set(BEAM_MISTAKES) and entries[1]["tokens"] != greedy.tolist() \
+                and ref.beam_search(score_table(table.float()), memory.float(), None, 1, 3, 5, 3, 0.6)[0].tolist() \
+                == entries[2]["tokens"]:
+            break
+    else:
+        raise AssertionError("no beam search check case found")
+    for seed in range(500):
+        rng = np.random.default_rng(1000 + seed)
+        tie_table, tie_memory = _beam_problem(rng, 2, 5, 5, 3, torch.float64, True)
+        tie_table, tie_memory = (tie_table * 100).round() / 100, (tie_memory * 100).round() / 100
+        tied = ref.beam_search(score_table(tie_table), tie_memory, None, 1, 3, 5, 2, 0.0)
+        answer = [row[:row.index(3) + 1] if 3 in row else row for row in tied[0].tolist()]
+        token_first = _plain_beam(score_table(tie_table), tie_memory, 1, 3, 5, 2, 0.0, "token_first")[0]
+        if _ties_decide(tie_table, tie_memory, 1, 3, 5, 2, 0.0, answer) and not torch.equal(token_first, tied[0]):
+            break
+    else:
+        raise AssertionError("no beam search tie case found")
+    return {"table": table, "memory": memory, "mask": torch.tensor([[True] * 5, [True] * 3 + [False] * 2]),
+            "bos": 1, "eos": 3, "max_len": 5, "settings": entries, "greedy": greedy,
+            "tie_table": tie_table, "tie_memory": tie_memory, "tie_beam_size": 2, "tie_tokens": tied[0],
+            "tie_scores": tied[1]}
+
+
+def _same_answer(a, b):
+    return a[0].shape == b[0].shape and torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1], rtol=1e-9, atol=0)

@@ -6,7 +6,7 @@ the same weights; everything else with stored cases (tools/make_check_data.py).
 import torch
 from torch import nn
 
-from ..layers import prefix_decoder
+from ..layers import prefix_decoder, score_table
 from ._core import (build_module, call, close, expect_tensor, fail, forbidding, load_cases, max_error, ok,
                     require_callable, same, tensor)
 
@@ -534,3 +534,95 @@ def check_greedy_decode(fn):
              f"every sequence has produced eos (done.all()), or max_len tokens; these rows need {width}")
     fail(f"greedy_decode should give\n{expected}\ngot\n{out}\nAt each step take the argmax of the logits at the "
          "last position of the prefix, logits[:, -1], and append it to the prefix")
+
+
+# ---- beam search -----------------------------------------------------------------------------------------------------
+_BEAM_MISTAKES = [
+    ("no_penalty", "your search ignores alpha: a finished hypothesis Y scores log P(Y) / lp(|Y|), with GNMT's length "
+                   "penalty lp(n) = ((5 + n) / 6) ** alpha, and the best score (not the best log-probability) wins"),
+    ("eos_not_counted", "your length penalty leaves eos out of |Y|: |Y| counts the generated tokens, eos included "
+                        "(bos not), so a hypothesis that ends with eos at step t has |Y| = t"),
+    ("eos_expanded", "you kept extending hypotheses after their eos: a kept candidate that ends in eos is finished, so "
+                     "set it aside with its score and never extend it again"),
+    ("top_per_beam", "you kept the best beam_size tokens of each beam, then the first beam_size of those: rank the "
+                     "candidates of all beams together (beam_size * V of them, flattened) and keep the best beam_size"),
+    ("no_parent", "you ranked the candidates by their last token's log-probability alone: add the parent "
+                  "hypothesis's log-probability, so that log P(Y) sums over all of Y's tokens"),
+    ("probabilities", "you added probabilities: a hypothesis's log P(Y) is the sum of its tokens' log-probabilities "
+                      "(the log of the product of their probabilities)"),
+    ("first_finished", "you stopped at the first hypothesis to finish, which need not be the best: set finished "
+                       "hypotheses aside and go on while an unfinished one could still beat the best finished score, "
+                       "or until max_len"),
+    ("raw_logits", "you added raw logits: turn each step's logits into log-probabilities with F.log_softmax before "
+                   "adding them up"),
+]
+
+
+def _beam_result(out, what, batch, dtype):
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        fail(f"{what} should return a pair (tokens, scores), got {type(out).__name__}")
+    tokens = expect_tensor(out[0], "the tokens beam_search returns")
+    scores = expect_tensor(out[1], "the scores beam_search returns", shape=(batch,))
+    if tokens.dtype != torch.long:
+        fail(f"return token ids as a long tensor, not {tokens.dtype}")
+    if scores.dtype != dtype:
+        fail(f"the scores should have the logits' dtype {dtype}, not {scores.dtype}")
+    return tokens, scores.detach()
+
+
+def _same_answer(tokens, scores, stored_tokens, stored_scores, atol=1e-9):
+    return same(tokens, torch.tensor(stored_tokens)) and close(scores, tensor(stored_scores), atol)
+
+
+def check_beam_search(fn):
+    """Check beam_search(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0) on a score
+    table (attncourse.layers.score_table): widths 1, 2 and 3, alpha 0, 0.6 and 1, exact ties, float32."""
+    require_callable(fn, "beam_search")
+    c = _data()["beam"]
+    decode = score_table(tensor(c["table"]))
+    memory, mask = tensor(c["memory"]), torch.tensor(c["mask"])
+    widths = []
+
+    def spy(tgt_in, memory, memory_mask=None):
+        widths.append(tgt_in.shape[-1])
+        return decode(tgt_in, memory, memory_mask)
+
+    for e in c["settings"]:
+        beam, alpha = e["beam_size"], e["alpha"]
+        what = f"beam_search(decode, memory, memory_mask, bos, eos, max_len, beam_size={beam}, alpha={alpha})"
+        out = call(fn, spy, memory, mask if e["masked"] else None, c["bos"], c["eos"], c["max_len"], beam, alpha,
+                   what=what)
+        tokens, scores = _beam_result(out, what, 2, torch.float64)
+        if widths and max(widths) == 1:
+            fail("each step you pass the decoder only the last token: a Transformer decoder keeps no state, so give "
+                 "it the whole prefix (bos and every token so far) of each hypothesis and read the logits of the "
+                 "LAST position")
+        if _same_answer(tokens, scores, e["tokens"], e["scores"]):
+            continue
+        for key, message in _BEAM_MISTAKES:
+            m = e["mistakes"][key]
+            if _same_answer(tokens, scores, m["tokens"], m["scores"]):
+                fail(message)
+        if beam == 1:
+            fail(f"with beam_size=1 beam search is greedy decoding, which gives\n{c['greedy']}\nyours gave\n"
+                 f"{tokens}\nEach step keep the single best candidate; a candidate that ends in eos is finished")
+        fail(f"{what} should give the tokens\n{torch.tensor(e['tokens'])}\nwith scores {e['scores']}; yours gave\n"
+             f"{tokens}\nwith scores {scores.tolist()}")
+    ok("widths 1, 3 and 2, alpha 0, 0.6 and 1: the best beam_size of all candidates, finished hypotheses set aside, "
+       "scores log P(Y) / lp(|Y|); width 1 is greedy decoding")
+    e = c["settings"][2]
+    out = call(fn, score_table(tensor(c["table"], torch.float32)), memory.float(), None, c["bos"], c["eos"],
+               c["max_len"], e["beam_size"], e["alpha"], what="beam_search on float32 logits")
+    tokens, scores = _beam_result(out, "beam_search on float32 logits", 2, torch.float32)
+    if not _same_answer(tokens, scores, e["tokens"], e["scores"], 1e-4):
+        fail("on float32 logits your answer differs from the float64 one; keep the logits' dtype for the "
+             "log-probabilities and the scores")
+    out = call(fn, score_table(tensor(c["tie_table"])), tensor(c["tie_memory"]), None, c["bos"], c["eos"],
+               c["max_len"], c["tie_beam_size"], what="beam_search on a score table with exact ties")
+    tokens, scores = _beam_result(out, "beam_search on a score table with exact ties", 2, torch.float64)
+    if not _same_answer(tokens, scores, c["tie_tokens"], c["tie_scores"]):
+        fail(f"where candidates tie exactly your search keeps other ones than expected (tokens\n{tokens}\ninstead "
+             f"of\n{torch.tensor(c['tie_tokens'])}): rank the flattened [hypotheses, V] candidates with a stable sort "
+             "(torch.sort(..., descending=True, stable=True)), so that equal ones keep the lower hypothesis index, then "
+             "the lower token id")
+    ok("float32 in, float32 scores out; exact ties broken by hypothesis index, then token id")
