@@ -172,6 +172,21 @@ CLAIMS = {
         Claim("The two runs compute the same losses, step for step, to within float32 rounding", "def run_with(optimizer):",
               lambda out: row(out, "largest difference between the two runs' losses over 60 steps:")[0] < 1e-4
               and abs(row(out, "your AdamW")[-2] - row(out, "torch.optim.AdamW")[-2]) < 1e-3),
+        Claim("The measured peaks come out below the formula's, by less than a fifth", "def train_step(model, optimizer",
+              lambda out: all(0.8 < row(out, label)[m] / row(out, label)[f] <= 1.0
+                              for label in ("2 layers x 64, 8 x 64:", "4 layers x 128, 16 x 128:")
+                              for f, m in ((0, 1), (2, 3)))),
+        Claim("its model state alone is more than an 80 GB GPU holds", "def gib(n):",
+              lambda out: sum(row(out, "7B (Llama 2 shape)")[0:4]) * 2 ** 30 > 80e9),
+        Claim("The activations of one 4096-token sequence add about half as much again", "def gib(n):",
+              lambda out: 0.4 < row(out, "7B (Llama 2 shape)")[4] / sum(row(out, "7B (Llama 2 shape)")[0:4]) < 0.6),
+        Claim("two thirds of them the attention weights", "def gib(n):",
+              lambda out: row(out, "7B: the attention weights are")[0] == 67),
+        Claim("checkpointing cuts them by more than an order of magnitude", "def gib(n):",
+              lambda out: row(out, "7B (Llama 2 shape)")[5] * 10 < row(out, "7B (Llama 2 shape)")[4]),
+        Claim("With checkpointing the step's peak memory falls to less than a third of what it was",
+              "from torch.utils.checkpoint import checkpoint",
+              lambda out: row(out, "with checkpointing:")[0] * 3 < row(out, "without:")[0]),
         Claim("In the same time the CPU mode processes more tokens per second and reaches a lower validation loss",
               'compare.load("recipes")',
               lambda out: row(out, "this lab's CPU mode")[-2] > row(out, "classic minimal-GPT recipe")[-2]

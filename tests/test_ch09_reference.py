@@ -355,3 +355,50 @@ def test_check_adamw_refuses_torch_optim_adamw():
             super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=False)
     with pytest.raises(CheckFailed, match="may not call torch.optim"):
         check_adamw(Wrapped)
+
+
+# ---- the memory of a training run (issue 22) -----------------------------------------------------------------------
+
+@given(n_layer=st.integers(1, 48), heads=st.integers(1, 32), head_dim=st.integers(1, 128), b=st.integers(1, 16),
+       s=st.integers(1, 4096), n=st.integers(1, 10 ** 11))
+def test_training_memory_is_korthikanti_per_layer_and_16_bytes_per_parameter(n_layer, heads, head_dim, b, s, n):
+    """16 bytes per parameter with AdamW, float32 or mixed precision (Rajbhandari et al. 2020); in 16 bits with
+    dropout, s b h (34 + 5 a s / h) bytes of activations per layer (Korthikanti et al. 2022, eq. 1)."""
+    h = heads * head_dim
+    for mixed in (False, True):
+        m = ref.training_memory(n, n_layer, h, heads, b, s, mixed_precision=mixed)
+        assert m["weights"] + m["grads"] + m["optimizer"] + m["master"] == 16 * n
+        assert m["total"] == sum(v for k, v in m.items() if k != "total") and all(type(v) is int for v in m.values())
+    korthikanti = s * b * h * 34 + 5 * heads * s * s * b
+    assert ref.training_memory(n, n_layer, h, heads, b, s, True, True)["activations"] == n_layer * korthikanti
+    plain = ref.training_memory(n, n_layer, h, heads, b, s)["activations"]
+    assert plain == n_layer * 4 * (16 * s * b * h + heads * s * s * b)
+    checkpointed = ref.training_memory(n, n_layer, h, heads, b, s, checkpointing=True)["activations"]
+    assert checkpointed == n_layer * 4 * s * b * h + plain // n_layer and checkpointed <= plain + 4 * s * b * h
+
+
+def test_training_memory_bounds_a_measured_cpu_training_step():
+    """The lab's fallback GPT, float32 on the CPU: the activations measured by the profiler during the forward pass,
+    and weights + moments + the peak of a whole step, come within 25% below the formula (never above it)."""
+    from attncourse.memory import peak_memory
+    torch.manual_seed(0)
+    n_layer, h, b, s = 2, 64, 8, 64
+    model = FallbackGPT(vocab_size=65, block_size=s, n_layer=n_layer, n_head=4, n_embd=h)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    x = torch.randint(0, 65, (b, s + 1))
+
+    def loss():
+        return F.cross_entropy(model(x[:, :-1]).reshape(-1, 65), x[:, 1:].reshape(-1))
+
+    def step():
+        loss().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    step()
+    n = sum(p.numel() for p in model.parameters())
+    held = 4 * n + sum(t.numel() * 4 for st in opt.state.values() for k, t in st.items() if k != "step")
+    predicted = ref.training_memory(n, n_layer, h, 4, b, s)
+    _, forward_peak = peak_memory(loss)
+    _, step_peak = peak_memory(step)
+    assert 0.75 * predicted["activations"] < forward_peak <= predicted["activations"]
+    assert 0.75 * predicted["total"] < held + step_peak <= predicted["total"]

@@ -161,3 +161,32 @@ class AdamW(torch.optim.Optimizer):
                 bias1, bias2 = 1 - beta1 ** t, 1 - beta2 ** t
                 denom = (v.sqrt() / math.sqrt(bias2)).add_(eps)     # sqrt(v_hat) + eps
                 p.addcdiv_(m, denom, value=-lr / bias1)             # p - lr * m_hat / (sqrt(v_hat) + eps)
+
+
+def training_memory(n_params, n_layer, n_embd, n_head, batch, seq_len, mixed_precision=False, dropout=False,
+                    checkpointing=False):
+    """Bytes a GPT training run with AdamW holds: model state per parameter, activations per layer.
+
+    Model state: in float32, weights and gradients 4 bytes per parameter each; AdamW's two moments 8;
+    no master copy.  With mixed precision (16-bit weights and gradients), 2 + 2 bytes, the moments 8
+    and a float32 master copy of the weights 4 (16 in all either way; Rajbhandari et al. 2020).
+    Activations kept for the backward pass, per layer, with e = 2 bytes per element (mixed precision)
+    or 4 (float32), s = seq_len, b = batch, h = n_embd, a = n_head (Korthikanti et al. 2022, without
+    flash attention): e * (16 s b h + a s^2 b) (layer-norm inputs 2 sbh, attention's input, Q, K, V
+    and output-projection input 5 sbh, the MLP's input, hidden layer before and after GELU 9 sbh, the
+    softmax's output a s^2 b); with dropout also its 1-byte masks (a s^2 b + 2 s b h) and the dropped
+    attention weights (e a s^2 b), which makes s b h (34 + 5 a s / h) in 16 bits.  Times n_layer; with
+    checkpointing, only each layer's input (e s b h per layer) plus one layer's activations, rebuilt
+    during its backward pass.  Embeddings and logits are left out.  Returns a dict of ints: weights,
+    grads, optimizer, master, activations, total.
+    """
+    e = 2 if mixed_precision else 4
+    s, b, h, a = seq_len, batch, n_embd, n_head
+    per_layer = e * (16 * s * b * h + a * s * s * b)
+    if dropout:
+        per_layer += e * a * s * s * b + a * s * s * b + 2 * s * b * h
+    activations = n_layer * e * s * b * h + per_layer if checkpointing else n_layer * per_layer
+    memory = {"weights": e * n_params, "grads": e * n_params, "optimizer": 8 * n_params,
+              "master": 4 * n_params if mixed_precision else 0, "activations": activations}
+    memory["total"] = sum(memory.values())
+    return memory

@@ -446,3 +446,84 @@ def adamw_state_by_position(self):
             m.mul_(beta1).add_(g, alpha=1 - beta1)
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             p.sub_(lr * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps))
+
+
+# ---- training_memory (issue 22) ----------------------------------------------------------------------------------
+@_add("memory without AdamW's moments", "training_memory", {"test_training_memory"}, "check_training_memory",
+      "forgot AdamW's moments")
+def memory_no_moments(n_params, n_layer, n_embd, n_head, batch, seq_len, mixed_precision=False, dropout=False,
+                      checkpointing=False):
+    e = 2 if mixed_precision else 4
+    s, b, h, a = seq_len, batch, n_embd, n_head
+    per_layer = e * (16 * s * b * h + a * s * s * b)
+    if dropout:
+        per_layer += e * a * s * s * b + a * s * s * b + 2 * s * b * h
+    activations = n_layer * e * s * b * h + per_layer if checkpointing else n_layer * per_layer
+    memory = {"weights": e * n_params, "grads": e * n_params, "optimizer": 0,
+              "master": 4 * n_params if mixed_precision else 0, "activations": activations}
+    memory["total"] = sum(memory.values())
+    return memory
+
+
+@_add("memory counting Adam as one moment", "training_memory", {"test_training_memory"}, "check_training_memory",
+      "two moments")
+def memory_one_moment(n_params, n_layer, n_embd, n_head, batch, seq_len, mixed_precision=False, dropout=False,
+                      checkpointing=False):
+    e = 2 if mixed_precision else 4
+    s, b, h, a = seq_len, batch, n_embd, n_head
+    per_layer = e * (16 * s * b * h + a * s * s * b)
+    if dropout:
+        per_layer += e * a * s * s * b + a * s * s * b + 2 * s * b * h
+    activations = n_layer * e * s * b * h + per_layer if checkpointing else n_layer * per_layer
+    memory = {"weights": e * n_params, "grads": e * n_params, "optimizer": 4 * n_params,
+              "master": 4 * n_params if mixed_precision else 0, "activations": activations}
+    memory["total"] = sum(memory.values())
+    return memory
+
+
+@_add("memory with a 16-bit master copy", "training_memory", {"test_training_memory"}, "check_training_memory",
+      "master copy of the weights is in float32")
+def memory_master_16bit(n_params, n_layer, n_embd, n_head, batch, seq_len, mixed_precision=False, dropout=False,
+                        checkpointing=False):
+    e = 2 if mixed_precision else 4
+    s, b, h, a = seq_len, batch, n_embd, n_head
+    per_layer = e * (16 * s * b * h + a * s * s * b)
+    if dropout:
+        per_layer += e * a * s * s * b + a * s * s * b + 2 * s * b * h
+    activations = n_layer * e * s * b * h + per_layer if checkpointing else n_layer * per_layer
+    memory = {"weights": e * n_params, "grads": e * n_params, "optimizer": 8 * n_params,
+              "master": 2 * n_params if mixed_precision else 0, "activations": activations}
+    memory["total"] = sum(memory.values())
+    return memory
+
+
+@_add("activations of one layer only", "training_memory", {"test_training_memory"}, "check_training_memory",
+      "multiply by n_layer")
+def memory_one_layer(n_params, n_layer, n_embd, n_head, batch, seq_len, mixed_precision=False, dropout=False,
+                     checkpointing=False):
+    e = 2 if mixed_precision else 4
+    s, b, h, a = seq_len, batch, n_embd, n_head
+    per_layer = e * (16 * s * b * h + a * s * s * b)
+    if dropout:
+        per_layer += e * a * s * s * b + a * s * s * b + 2 * s * b * h
+    activations = n_layer * e * s * b * h + per_layer if checkpointing else per_layer
+    memory = {"weights": e * n_params, "grads": e * n_params, "optimizer": 8 * n_params,
+              "master": 4 * n_params if mixed_precision else 0, "activations": activations}
+    memory["total"] = sum(memory.values())
+    return memory
+
+
+@_add("activations without the attention weights", "training_memory", {"test_training_memory"},
+      "check_training_memory", "leave out the attention weights")
+def memory_no_scores(n_params, n_layer, n_embd, n_head, batch, seq_len, mixed_precision=False, dropout=False,
+                     checkpointing=False):
+    e = 2 if mixed_precision else 4
+    s, b, h = seq_len, batch, n_embd
+    per_layer = e * 16 * s * b * h
+    if dropout:
+        per_layer += 2 * s * b * h
+    activations = n_layer * e * s * b * h + per_layer if checkpointing else n_layer * per_layer
+    memory = {"weights": e * n_params, "grads": e * n_params, "optimizer": 8 * n_params,
+              "master": 4 * n_params if mixed_precision else 0, "activations": activations}
+    memory["total"] = sum(memory.values())
+    return memory

@@ -160,6 +160,23 @@ def adamw(rng):
     return cases
 
 
+@hidden_test("ch09.training_memory")
+def training_memory(rng):
+    cases = []
+    for i in range(10):
+        n_layer, n_head = int(rng.integers(2, 49)), int(rng.choice([1, 2, 4, 8, 12, 16, 32]))
+        n_embd = n_head * 16 * int(rng.integers(1, 17))
+        batch, seq_len = int(rng.integers(1, 17)), int(rng.choice([32, 64, 128, 1024, 2048, 4096]))
+        n_params = 12 * n_layer * n_embd ** 2 + int(rng.integers(1_000, 60_000)) * n_embd
+        flags = {"mixed_precision": i % 3 != 2, "dropout": i % 4 in (1, 2), "checkpointing": i in (1, 5, 8)}
+        kwargs = {k: v for k, v in flags.items() if v or i % 5 == 0}     # defaults left out, or given as False
+        settings = ", ".join(f"{k}={v}" for k, v in flags.items())
+        cases.append(function_case(ref.training_memory, [n_params, n_layer, n_embd, n_head, batch, seq_len], kwargs,
+                                   describe=f"(n_params={n_params:,}, n_layer={n_layer}, n_embd={n_embd}, "
+                                            f"n_head={n_head}, batch={batch}, seq_len={seq_len}, {settings})"))
+    return cases
+
+
 @hidden_test("ch09.flops_per_token")
 def flops_per_token(rng):
     cases = [function_case(ref.flops_per_token, [124_475_904, 786_432, 12, 768, 1024])]     # GPT-2 small
@@ -348,6 +365,21 @@ def _lists(obj):
     return obj
 
 
+def _memory_mistakes(n_params, n_layer, n_embd, n_head, batch, seq_len, mixed_precision, dropout, checkpointing):
+    """Known-wrong accountings of training_memory, for the visible check to name."""
+    right = ref.training_memory(n_params, n_layer, n_embd, n_head, batch, seq_len, mixed_precision, dropout,
+                                checkpointing)
+    e = 2 if mixed_precision else 4
+    s, b, h, a = seq_len, batch, n_embd, n_head
+    one = ref.training_memory(n_params, 1, n_embd, n_head, batch, seq_len, mixed_precision, dropout, False)["activations"]
+    no_scores = e * 16 * s * b * h + (2 * s * b * h if dropout else 0)
+    return {"one_moment": 4 * n_params, "master_16bit": 2 * n_params, "one_layer": one,
+            "no_scores": (n_layer * e * s * b * h + no_scores) if checkpointing else n_layer * no_scores,
+            "float32_activations": ref.training_memory(n_params, n_layer, n_embd, n_head, batch, seq_len, False, dropout,
+                                                       checkpointing)["activations"],
+            "checkpoint_all": n_layer * e * s * b * h, "right": right}
+
+
 def check_data():
     """Fixed inputs and expected values for the visible checks (tools/make_check_data.py writes them)."""
     sched = {"max_lr": 1e-3, "min_lr": 1e-4, "warmup": 10, "max_steps": 50}
@@ -391,4 +423,16 @@ def check_data():
             "one_device": ref.mfu(8.5e8, 4.0e5, 312e12, 1)}
     shard = {"n": 12, "world_size": 3, "shards": _plain(ref.shard_indices(12, r, 3) for r in range(3))}
     return {"lr": lr, "accum": accum, "ce": ce, "clip": clip, "flops": flops, "mfu": util, "shard": shard,
-            "adamw": _adamw_data()}
+            "adamw": _adamw_data(), "memory": _memory_data()}
+
+
+def _memory_data():
+    """GPT-2 small's shape (124,475,904 parameters, 12 layers of width 768, 12 heads, context 1024), batch 4, in the
+    four settings the visible check tries."""
+    gpt2 = {"n_params": 124_475_904, "n_layer": 12, "n_embd": 768, "n_head": 12, "batch": 4, "seq_len": 1024}
+    settings = [dict(mixed_precision=False, dropout=False, checkpointing=False),
+                dict(mixed_precision=True, dropout=True, checkpointing=False),
+                dict(mixed_precision=True, dropout=False, checkpointing=False),
+                dict(mixed_precision=False, dropout=False, checkpointing=True)]
+    return {"config": gpt2, "settings": settings,
+            "cases": [_memory_mistakes(**gpt2, **flags) for flags in settings]}

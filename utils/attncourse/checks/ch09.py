@@ -519,3 +519,64 @@ def check_adamw(cls):
                      f"torch.optim.AdamW's (max error {max_error(g, tensor(e)):.3g})")
     ok(f"{len(c['steps'])} steps of 2 groups, learning rate changed between steps, a parameter without a gradient "
        "skipped: parameters and state as torch.optim.AdamW's, float64 and float32")
+
+
+_MEMORY_KEYS = ("weights", "grads", "optimizer", "master", "activations", "total")
+
+
+def check_training_memory(fn):
+    """Check training_memory(...) on GPT-2 small's shape (batch 4, context 1024): float32, mixed precision with and
+    without dropout, and float32 with activation checkpointing."""
+    require_callable(fn, "training_memory")
+    c = _data()["memory"]
+    cfg = c["config"]
+    for flags, case in zip(c["settings"], c["cases"]):
+        right = case["right"]
+        settings = ", ".join(f"{k}={v}" for k, v in flags.items())
+        what = f"training_memory(GPT-2 small, batch 4, seq_len 1024, {settings})"
+        out = call(fn, cfg["n_params"], cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["batch"], cfg["seq_len"],
+                   what=what, **flags)
+        if not isinstance(out, dict) or set(out) != set(_MEMORY_KEYS):
+            fail(f"{what} should return a dict with the keys {', '.join(_MEMORY_KEYS)}, got "
+                 f"{sorted(out) if isinstance(out, dict) else type(out).__name__}")
+        for key in _MEMORY_KEYS:
+            if not isinstance(out[key], int) or isinstance(out[key], bool):
+                fail(f"{what}[{key!r}] is {out[key]!r}: return whole numbers of bytes as Python ints "
+                     "(integer arithmetic: // instead of /, no float factors)")
+        n = cfg["n_params"]
+        if out["optimizer"] == 0:
+            fail("you forgot AdamW's moments: it keeps m and v for every parameter, 8 bytes per parameter in float32")
+        if out["optimizer"] == case["one_moment"]:
+            fail("AdamW keeps two moments per parameter (m and v), 4 bytes each: 8 bytes per parameter, not 4")
+        if out["optimizer"] != right["optimizer"]:
+            fail(f"{what}: optimizer should be {right['optimizer']:,} bytes (8 per parameter), got {out['optimizer']:,}")
+        if flags["mixed_precision"] and out["master"] == case["master_16bit"]:
+            fail("the master copy of the weights is in float32 (4 bytes per parameter): it exists because 16-bit "
+                 "weights cannot hold the small updates")
+        if out["master"] != right["master"] and flags["mixed_precision"]:
+            fail(f"{what}: master should be {right['master']:,} bytes (a float32 copy, 4 per parameter), got "
+                 f"{out['master']:,}")
+        if out["master"] != right["master"]:
+            fail(f"{what}: master should be 0 (in float32 the weights themselves are updated), got {out['master']:,}")
+        for key in ("weights", "grads"):
+            if out[key] != right[key]:
+                fail(f"{what}: {key} should be {right[key]:,} bytes ({right[key] // n} per parameter), got {out[key]:,}")
+        act = out["activations"]
+        if act != right["activations"]:
+            if act == case["one_layer"]:
+                fail("your activations are those of one layer: every layer keeps its own for the backward pass, "
+                     "multiply by n_layer")
+            if act == case["no_scores"]:
+                fail("your activations leave out the attention weights: the softmax's output, n_head * seq_len^2 * "
+                     "batch elements per layer, is kept for the backward pass (and dominates for long contexts)")
+            if flags["mixed_precision"] and act == case["float32_activations"]:
+                fail("under mixed precision the activations are 16-bit: 2 bytes per element, not 4")
+            if flags["checkpointing"] and act == case["checkpoint_all"]:
+                fail("with checkpointing the backward pass rebuilds one layer's activations at a time: add one "
+                     "layer's activations to the layers' inputs")
+            fail(f"{what}: activations should be {right['activations']:,} bytes, got {act:,}")
+        if out["total"] != sum(out[k] for k in _MEMORY_KEYS[:-1]):
+            fail(f"{what}: total should be the sum of the other five entries")
+    ok(f"GPT-2 small, batch 4, context 1024: {c['cases'][0]['right']['total'] / 2 ** 30:.1f} GiB in float32, "
+       f"{c['cases'][2]['right']['total'] / 2 ** 30:.1f} GiB with mixed precision, "
+       f"{c['cases'][3]['right']['total'] / 2 ** 30:.1f} GiB in float32 with checkpointing")
