@@ -335,7 +335,8 @@ def test_beam_search_with_a_full_beam_is_exhaustive_search(seed, alpha):
 def test_beam_search_matches_a_plain_implementation(seed, batch, beam, alpha, ties, dtype):
     vocab, max_len, eos, pad = 5, 6, 3, 4
     decode, memory = _table_problem(seed, batch, vocab, max_len, dtype, ties)
-    mask = torch.ones(batch, max_len, dtype=torch.bool)
+    lengths = torch.randint(1, max_len + 1, (batch,), generator=torch.Generator().manual_seed(seed))
+    mask = torch.arange(max_len)[None, :] < lengths[:, None]             # score_table drops the bias where False
     tokens, scores = ref.beam_search(decode, memory, mask, 1, eos, max_len, beam, alpha, pad=pad)
     assert tokens.dtype == torch.long and scores.dtype == dtype and scores.shape == (batch,)
     width = 0

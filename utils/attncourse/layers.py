@@ -73,13 +73,17 @@ def score_table(table):
     """A fixed decoder for beam search (chapter 05) from a [T, V, V] table: next-token logits by
     (position, previous token).
 
-    decode(tgt_in [B, t] long, memory [B, S, V] with S >= t, memory_mask ignored) -> logits [B, t, V],
-    logits[b, s] = table[s, tgt_in[b, s]] + memory[b, s]: the table holds what depends on the prefix
-    (through its last token), memory a bias for each sequence of the batch. Indexing and one addition per
-    entry: the same logits whatever the batch's size or order, so equal entries stay exactly equal.
+    decode(tgt_in [B, t] long, memory [B, S, V] with S >= t, memory_mask [B, S] bool or None) -> logits [B, t, V],
+    logits[b, s] = table[s, tgt_in[b, s]] + memory[b, s], the bias memory[b, s] left out where
+    memory_mask[b, s] is False: the table holds what depends on the prefix (through its last token), memory
+    and its mask a bias for each sequence of the batch. Indexing, a selection and one addition per entry:
+    the same logits whatever the batch's size or order, so equal entries stay exactly equal.
     """
     def decode(tgt_in, memory, memory_mask=None):
         t = tgt_in.shape[1]
         positions = torch.arange(t)[None, :].expand_as(tgt_in)
-        return table[positions, tgt_in] + memory[:, :t]
+        bias = memory[:, :t]
+        if memory_mask is not None:
+            bias = torch.where(memory_mask[:, :t, None], bias, torch.zeros_like(bias))
+        return table[positions, tgt_in] + bias
     return decode

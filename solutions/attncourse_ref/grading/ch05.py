@@ -346,16 +346,16 @@ def _beam_problem(rng, batch, vocab, max_len, eos, dtype, ties):
     return torch.from_numpy(table).to(dtype), torch.from_numpy(memory).to(dtype)
 
 
-def _ties_decide(table, memory, bos, eos, max_len, beam, alpha, answer):
+def _ties_decide(table, memory, mask, bos, eos, max_len, beam, alpha, answer):
     """Whether the answer changes when equal candidates are taken in the other token order: the same search
     with the token ids reversed (id v becomes V - 1 - v), its answer mapped back."""
     flip = torch.arange(table.shape[-1] - 1, -1, -1)
-    tokens, _ = ref.beam_search(score_table(table[:, flip][:, :, flip]), memory[:, :, flip], None,
+    tokens, _ = ref.beam_search(score_table(table[:, flip][:, :, flip]), memory[:, :, flip], mask,
                                 int(flip[bos]), int(flip[eos]), max_len, beam, alpha, pad=-1)
     return [[int(flip[v]) for v in row if v >= 0] for row in tokens.tolist()] != answer
 
 
-def _first_finished(decode, memory, bos, eos, max_len, beam):
+def _first_finished(decode, memory, mask, bos, eos, max_len, beam):
     """Each row's first hypothesis to finish (plain lists, one row at a time): a search that goes on after it
     is what most cases must need."""
     first = []
@@ -364,7 +364,8 @@ def _first_finished(decode, memory, bos, eos, max_len, beam):
         for t in range(1, max_len + 1):
             candidates = []
             for tokens, logp in alive:
-                lps = torch.log_softmax(decode(torch.tensor([[bos] + tokens]), memory[b:b + 1])[0, -1], dim=-1)
+                row_mask = None if mask is None else mask[b:b + 1]
+                lps = torch.log_softmax(decode(torch.tensor([[bos] + tokens]), memory[b:b + 1], row_mask)[0, -1], dim=-1)
                 candidates += [(tokens + [v], logp + float(lps[v])) for v in range(len(lps))]
             candidates = sorted(candidates, key=lambda c: -c[1])[:beam]
             ended = [c[0] for c in candidates if c[0][-1] == eos or t == max_len]
@@ -403,10 +404,13 @@ def beam_search(rng):
         if beam > 1 and torch.equal(tokens, ref.beam_search(score_table(table), *args[:5], 1, *args[6:])[0]):
             continue                                    # a search whose answer greedy decoding would not find
         answers = [row[:n] for row, n in zip(tokens.tolist(), lengths)]
-        if ties and not _ties_decide(table, memory, bos, eos, max_len, beam, alpha, answers):
+        if ties and not _ties_decide(table, memory, mask, bos, eos, max_len, beam, alpha, answers):
             continue                                    # exact ties that the tie-breaking rule must decide
-        if beam > 1 and answers == _first_finished(score_table(table), memory, bos, eos, max_len, beam):
+        if beam > 1 and answers == _first_finished(score_table(table), memory, mask, bos, eos, max_len, beam):
             continue                                    # ... and that must go on after a hypothesis finished
+        if beam > 1 and _plain_beam(score_table(table), memory, mask, bos, eos, max_len, beam, alpha,
+                                    "top_per_beam")[0].tolist() == tokens.tolist():
+            continue                                    # ... where all hypotheses' candidates must be ranked together
         settings.pop(0)
         cases.append(layer_case(ref.beam_search, "score_table", table, args,
                                 describe=f"(a score table: batch of {batch}, V={vocab}, max_len={max_len}, "
@@ -624,7 +628,7 @@ BEAM_MISTAKES = ("no_penalty", "eos_not_counted", "eos_expanded", "top_per_beam"
                  "first_finished", "raw_logits")
 
 
-def _plain_beam(decode, memory, bos, eos, max_len, beam, alpha, mistake=None):
+def _plain_beam(decode, memory, mask, bos, eos, max_len, beam, alpha, mistake=None):
     """Beam search one row at a time with lists, as the exercise states it, or with one of BEAM_MISTAKES."""
     answers, scores = [], []
     for b in range(memory.shape[0]):
@@ -632,7 +636,8 @@ def _plain_beam(decode, memory, bos, eos, max_len, beam, alpha, mistake=None):
         for t in range(1, max_len + 1):
             candidates = []
             for tokens, logp in alive:
-                logits = decode(torch.tensor([[bos] + tokens]), memory[b:b + 1])[0, -1]
+                row_mask = None if mask is None else mask[b:b + 1]
+                logits = decode(torch.tensor([[bos] + tokens]), memory[b:b + 1], row_mask)[0, -1]
                 lps = {"probabilities": torch.softmax(logits, -1), "raw_logits": logits}.get(
                     mistake, torch.log_softmax(logits, -1))
                 mine = [(tokens + [v], (0.0 if mistake == "no_parent" else logp) + lps[v]) for v in range(len(lps))]
@@ -663,6 +668,10 @@ def _plain_beam(decode, memory, bos, eos, max_len, beam, alpha, mistake=None):
     return torch.tensor([a + [0] * (width - len(a)) for a in answers]), torch.stack(scores)
 
 
+# The check's mask: the second sequence's bias is dropped at steps 4 and 5 (score_table).
+CHECK_MASK = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+
+
 def _beam_check_case():
     """A batch of two on a score table where beam search beats greedy decoding and every mistake of
     BEAM_MISTAKES gives its own answer; and a table with exact ties, where the order of equal candidates
@@ -675,17 +684,23 @@ def _beam_check_case():
         decode = score_table(table)
         entries, seen = [], set()
         for beam, alpha, masked in settings:
-            right = ref.beam_search(decode, memory, None, 1, 3, 5, beam, alpha)
-            mistakes = {m: _plain_beam(decode, memory, 1, 3, 5, beam, alpha, m) for m in BEAM_MISTAKES}
+            mask = CHECK_MASK if masked else None
+            right = ref.beam_search(decode, memory, mask, 1, 3, 5, beam, alpha)
+            mistakes = {m: _plain_beam(decode, memory, mask, 1, 3, 5, beam, alpha, m) for m in BEAM_MISTAKES}
+            mistakes["mask_misaligned"] = ref.beam_search(_mask_repeated(decode, 2), memory, mask, 1, 3, 5, beam, alpha)
+            mistakes["mask_ignored"] = ref.beam_search(decode, memory, None, 1, 3, 5, beam, alpha)
             entries.append({"beam_size": beam, "alpha": alpha, "masked": masked, "tokens": right[0].tolist(),
                             "scores": right[1].tolist(), "mistakes": {m: {"tokens": o[0].tolist(), "scores": o[1].tolist()}
                                                                       for m, o in mistakes.items()}})
             if beam > 1:
                 seen |= {m for m, o in mistakes.items() if not _same_answer(o, right)
                          and all(not _same_answer(o, p) for n, p in mistakes.items() if n != m)}
-        greedy = ref.greedy_decode(decode, memory, None, 1, 3, 5)
-        if seen == set(BEAM_MISTAKES) and entries[1]["tokens"] != greedy.tolist() \
-                and ref.beam_search(score_table(table.float()), memory.float(), None, 1, 3, 5, 3, 0.6)[0].tolist() \
+        greedy = ref.greedy_decode(decode, memory, CHECK_MASK, 1, 3, 5)
+        misaligned = entries[2]["mistakes"]["mask_misaligned"]
+        if seen >= set(BEAM_MISTAKES) and entries[1]["tokens"] != greedy.tolist() \
+                and not _same_answer((torch.tensor(misaligned["tokens"]), torch.tensor(misaligned["scores"])),
+                                     (torch.tensor(entries[2]["tokens"]), torch.tensor(entries[2]["scores"]))) \
+                and ref.beam_search(score_table(table.float()), memory.float(), CHECK_MASK, 1, 3, 5, 3, 0.6)[0].tolist() \
                 == entries[2]["tokens"]:
             break
     else:
@@ -696,15 +711,25 @@ def _beam_check_case():
         tie_table, tie_memory = (tie_table * 100).round() / 100, (tie_memory * 100).round() / 100
         tied = ref.beam_search(score_table(tie_table), tie_memory, None, 1, 3, 5, 2, 0.0)
         answer = [row[:row.index(3) + 1] if 3 in row else row for row in tied[0].tolist()]
-        token_first = _plain_beam(score_table(tie_table), tie_memory, 1, 3, 5, 2, 0.0, "token_first")[0]
-        if _ties_decide(tie_table, tie_memory, 1, 3, 5, 2, 0.0, answer) and not torch.equal(token_first, tied[0]):
+        token_first = _plain_beam(score_table(tie_table), tie_memory, None, 1, 3, 5, 2, 0.0, "token_first")[0]
+        if _ties_decide(tie_table, tie_memory, None, 1, 3, 5, 2, 0.0, answer) and not torch.equal(token_first, tied[0]):
             break
     else:
         raise AssertionError("no beam search tie case found")
-    return {"table": table, "memory": memory, "mask": torch.tensor([[True] * 5, [True] * 3 + [False] * 2]),
+    return {"table": table, "memory": memory, "mask": CHECK_MASK,
             "bos": 1, "eos": 3, "max_len": 5, "settings": entries, "greedy": greedy,
             "tie_table": tie_table, "tie_memory": tie_memory, "tie_beam_size": 2, "tie_tokens": tied[0],
             "tie_scores": tied[1]}
+
+
+def _mask_repeated(decode, batch):
+    """``decode`` fed memory_mask.repeat(k, 1) where memory is memory.repeat_interleave(k, 0): the mask of
+    another sequence for most hypotheses (a batched search that repeats the two differently)."""
+    def misaligned(tgt_in, memory, memory_mask=None):
+        k = tgt_in.shape[0] // batch
+        original = None if memory_mask is None else memory_mask[::k]
+        return decode(tgt_in, memory, None if original is None else original.repeat(k, 1))
+    return misaligned
 
 
 def _same_answer(a, b):

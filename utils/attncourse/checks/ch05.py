@@ -555,6 +555,11 @@ _BEAM_MISTAKES = [
                        "or until max_len"),
     ("raw_logits", "you added raw logits: turn each step's logits into log-probabilities with F.log_softmax before "
                    "adding them up"),
+    ("mask_ignored", "your search ignores memory_mask: pass it to decode at every step, repeated for the hypotheses "
+                     "as memory is"),
+    ("mask_misaligned", "your hypotheses get the memory_mask of another sequence: repeat memory_mask exactly as you "
+                        "repeat memory (memory_mask.repeat_interleave(k, dim=0) beside memory.repeat_interleave(k, dim=0)), "
+                        "so that each hypothesis keeps its own sequence's mask"),
 ]
 
 
@@ -611,8 +616,8 @@ def check_beam_search(fn):
     ok("widths 1, 3 and 2, alpha 0, 0.6 and 1: the best beam_size of all candidates, finished hypotheses set aside, "
        "scores log P(Y) / lp(|Y|); width 1 is greedy decoding")
     e = c["settings"][2]
-    out = call(fn, score_table(tensor(c["table"], torch.float32)), memory.float(), None, c["bos"], c["eos"],
-               c["max_len"], e["beam_size"], e["alpha"], what="beam_search on float32 logits")
+    out = call(fn, score_table(tensor(c["table"], torch.float32)), memory.float(), mask if e["masked"] else None,
+               c["bos"], c["eos"], c["max_len"], e["beam_size"], e["alpha"], what="beam_search on float32 logits")
     tokens, scores = _beam_result(out, "beam_search on float32 logits", 2, torch.float32)
     if not _same_answer(tokens, scores, e["tokens"], e["scores"], 1e-4):
         fail("on float32 logits your answer differs from the float64 one; keep the logits' dtype for the "
