@@ -219,6 +219,29 @@ def _kv(out, what):
 
 
 @torch.no_grad()
+def _check_dropout_and_float32(cls, c, module, x, name):
+    """The attention layer ``name`` (CausalSelfAttention or GroupedQueryAttention) with dropout 0.5 in training
+    mode, after torch.manual_seed(13), and in float32: the cases' y_train, y_train_resid_only and y."""
+    dropping = build_module(cls, {**c["init"], "dropout": 0.5}, name, c["state"]).train()
+    with torch.random.fork_rng(), forbidding(NO_MHA, name):
+        torch.manual_seed(13)
+        y_train = _kv(call(dropping, x, what=f"{name}(dropout=0.5) in training mode"), f"{name}.forward")[0]
+    if not close(y_train, tensor(c["y_train"])):
+        if close(y_train, tensor(c["y"])):
+            fail("in training mode (dropout=0.5) your attention gives its evaluation output: dropout is never applied. "
+                 "Pass dropout_p=self.dropout if self.training else 0.0 to F.scaled_dot_product_attention and apply "
+                 "self.resid_dropout to c_proj's output")
+        if close(y_train, tensor(c["y_train_resid_only"])):
+            fail("in training mode the attention weights get no dropout: pass dropout_p=self.dropout if self.training "
+                 "else 0.0 to F.scaled_dot_product_attention (self.resid_dropout on the output is right)")
+        fail("in training mode (dropout=0.5, torch.manual_seed(13) first) your attention differs from the expected "
+             "output: dropout_p=self.dropout if self.training else 0.0 on the attention weights, then "
+             "self.resid_dropout on c_proj's output")
+    y32 = call(module.float(), x.float(), what=f"{name} in float32")[0]
+    if y32.dtype != torch.float32 or not close(y32, tensor(c["y"]), atol=1e-4):
+        fail("in float32 the module should return float32 outputs matching float64 to 1e-4")
+
+
 def check_attention(cls):
     """Check CausalSelfAttention(n_embd, n_head).forward(x) -> (y, (k, v)) without a cache."""
     c = _data()["attention"]
@@ -248,25 +271,7 @@ def check_attention(cls):
     if not (close(k, tensor(c["k"])) and close(v, tensor(c["v"]))):
         fail("y is right but the returned (k, v) are not the keys and values of this call, split into heads "
              "[B, H, T, C/H]")
-    dropping = build_module(cls, {**c["init"], "dropout": 0.5}, "CausalSelfAttention", c["state"]).train()
-    with torch.random.fork_rng(), forbidding(NO_MHA, "CausalSelfAttention"):
-        torch.manual_seed(13)
-        y_train = _kv(call(dropping, x, what="CausalSelfAttention(dropout=0.5) in training mode"),
-                      "CausalSelfAttention.forward")[0]
-    if not close(y_train, tensor(c["y_train"])):
-        if close(y_train, tensor(c["y"])):
-            fail("in training mode (dropout=0.5) your attention gives its evaluation output: dropout is never applied. "
-                 "Pass dropout_p=self.dropout if self.training else 0.0 to F.scaled_dot_product_attention and apply "
-                 "self.resid_dropout to c_proj's output")
-        if close(y_train, tensor(c["y_train_resid_only"])):
-            fail("in training mode the attention weights get no dropout: pass dropout_p=self.dropout if self.training "
-                 "else 0.0 to F.scaled_dot_product_attention (self.resid_dropout on the output is right)")
-        fail("in training mode (dropout=0.5, torch.manual_seed(13) first) your attention differs from the expected "
-             "output: dropout_p=self.dropout if self.training else 0.0 on the attention weights, then "
-             "self.resid_dropout on c_proj's output")
-    y32 = call(module.float(), x.float(), what="CausalSelfAttention in float32")[0]
-    if y32.dtype != torch.float32 or not close(y32, tensor(c["y"]), atol=1e-4):
-        fail("in float32 the module should return float32 outputs matching float64 to 1e-4")
+    _check_dropout_and_float32(cls, c, module, x, "CausalSelfAttention")
     ok("CausalSelfAttention: fused split, heads, causal attention, output projection, returned (k, v)")
 
 
@@ -772,25 +777,7 @@ def check_gqa(cls):
     if not (close(k, tensor(c["k"])) and close(v, tensor(c["v"]))):
         fail("y is right but the returned (k, v) are not this call's keys and values, [B, n_kv_head, T, D], before "
              "they are repeated for the query heads")
-    dropping = build_module(cls, {**c["init"], "dropout": 0.5}, "GroupedQueryAttention", c["state"]).train()
-    with torch.random.fork_rng(), forbidding(NO_MHA, "GroupedQueryAttention"):
-        torch.manual_seed(13)
-        y_train = _kv(call(dropping, x, what="GroupedQueryAttention(dropout=0.5) in training mode"),
-                      "GroupedQueryAttention.forward")[0]
-    if not close(y_train, tensor(c["y_train"])):
-        if close(y_train, tensor(c["y"])):
-            fail("in training mode (dropout=0.5) your attention gives its evaluation output: dropout is never applied. "
-                 "Pass dropout_p=self.dropout if self.training else 0.0 to F.scaled_dot_product_attention and apply "
-                 "self.resid_dropout to c_proj's output")
-        if close(y_train, tensor(c["y_train_resid_only"])):
-            fail("in training mode the attention weights get no dropout: pass dropout_p=self.dropout if self.training "
-                 "else 0.0 to F.scaled_dot_product_attention (self.resid_dropout on the output is right)")
-        fail("in training mode (dropout=0.5, torch.manual_seed(13) first) your attention differs from the expected "
-             "output: dropout_p=self.dropout if self.training else 0.0 on the attention weights, then "
-             "self.resid_dropout on c_proj's output")
-    y32 = call(module.float(), x.float(), what="GroupedQueryAttention in float32")[0]
-    if y32.dtype != torch.float32 or not close(y32, tensor(c["y"]), atol=1e-4):
-        fail("in float32 the module should return float32 outputs matching float64 to 1e-4")
+    _check_dropout_and_float32(cls, c, module, x, "GroupedQueryAttention")
     ok("GroupedQueryAttention: 4 query heads share 2 key/value heads (h // 2), the cache holds 2 heads")
 
 
