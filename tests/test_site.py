@@ -120,18 +120,61 @@ def test_unchanged_chapters_are_not_executed_again(site):
     assert "executed in" not in res.stdout
 
 
+def explorer_specs(page_html):
+    """[(element id, Plotly JSON)] of the explorers on a built page."""
+    import json
+    found = re.findall(r'<figure class="attn-explorer" id="([^"]+)">.*?<script type="application/json" class="attn-spec">'
+                       r'(.*?)</script>', page_html, flags=re.S)
+    return [(i, json.loads(data.replace("<\\/", "</"))) for i, data in found]
+
+
+def test_every_chapter_page_has_explorers_in_both_editions(site):
+    """At least two explorers per chapter page, labelled in the page's language, drawn by the site's own
+    plotly.js (no CDN), which only pages with an explorer load; explorer data at most 1 MB per page."""
+    import plotly.offline
+    assert (HTML / "_static" / "plotly.min.js").read_text() == plotly.offline.get_plotlyjs()
+    assert (HTML / "_static" / "explorers.js").exists() and (HTML / "zh" / "_static" / "plotly.min.js").exists()
+    total = 0
+    for page in [p for p in toc_pages() if p.startswith("site/")]:
+        en, zh = (HTML / f"{page}.html").read_text(), (HTML / "zh" / f"{page}.html").read_text()
+        specs_en, specs_zh = explorer_specs(en), explorer_specs(zh)
+        total += len(specs_en)
+        assert len(specs_en) >= 2, f"{page}: {len(specs_en)} explorer(s)"
+        assert [i for i, _ in specs_en] == [i for i, _ in specs_zh], page
+        for (i, a), (_, b) in zip(specs_en, specs_zh):
+            assert a["layout"]["meta"]["hint"] != b["layout"]["meta"]["hint"], f"{page} {i}: hint not in Chinese"
+            assert re.search(r"[\u4e00-\u9fff]", b["layout"]["meta"]["alt"]), f"{page} {i}: alt text not in Chinese"
+        for html in (en, zh):
+            assert "_static/plotly.min.js" in html and "_static/explorers.js" in html, page
+            assert "cdn.plot.ly" not in html and "require.js" not in html, page
+            data = sum(len(d) for d in re.findall(r'class="attn-spec">(.*?)</script>', html, flags=re.S))
+            stills = sum(len(d) for d in re.findall(r'src="data:image/png;base64,([^"]*)"', html))
+            assert data + stills <= 1_000_000, f"{page}: {data + stills:,} bytes of explorer data"
+    assert total >= 20
+    assert "plotly.min.js" not in (HTML / "intro.html").read_text()       # loaded only where it is used
+
+
 def test_every_page_works_in_a_browser(site, tmp_path):
     """Headless Chromium opens every page: no JavaScript error, every image and formula renders,
-    internal links resolve, and searching a key term finds its chapter (tools/browser_check.py)."""
+    internal links resolve, searching a key term finds its chapter, axe-core finds no serious or critical
+    accessibility problem, and every explorer is drawn and answers each of its controls (one per page by
+    keyboard alone), in both editions (tools/browser_check.py).  Screenshots: tmp_path (before/after)."""
     import browser_check
     if browser_check.find_chromium() is None:
         if os.environ.get("CI"):
             pytest.fail("no Chromium: .ci/run installs Debian's chromium package")
         pytest.skip("no Chromium installed (apt-get install chromium)")
-    failures = browser_check.check(HTML, screenshots=tmp_path, log=lambda line: None)
+    counts = {}
+    failures = browser_check.check(HTML, screenshots=tmp_path, log=lambda line: None, counts=counts)
     assert failures == {}, "\n".join(f"{page}: {p}" for page, problems in failures.items() for p in problems)
     for mode in ("light", "dark", "zh"):
         assert (tmp_path / f"ch02-{mode}.png").stat().st_size > 10_000
+    for page in [p for p in toc_pages() if p.startswith("site/")]:
+        for edition in ("", "zh/"):
+            built = len(explorer_specs((HTML / f"{edition}{page}.html").read_text()))
+            assert counts[f"{edition}{page}.html"] == built >= 2, f"{edition}{page}: {counts.get(edition + page + '.html')} of {built} moved"
+            name = f"{edition}{page}".replace("/", "_")
+            assert (tmp_path / f"{name}-before.png").exists() and (tmp_path / f"{name}-after.png").exists()
 
 
 def test_what_the_prose_says_about_a_run_is_what_the_run_printed(site):

@@ -55,6 +55,23 @@ INSPECT = """(() => {
 })()"""
 
 
+# The explorers (attncourse.explore, drawn by _ext/static/explorers.js): what each one draws now, and its controls.
+EXPLORERS = """(() => [...document.querySelectorAll('figure.attn-explorer')].map(f => ({
+  id: f.id, ready: f.dataset.ready === '1',
+  controls: [...f.querySelectorAll('.attn-controls input, .attn-controls select')].map(c => c.id),
+  drawn: (f.querySelector('.main-svg') || {}).innerHTML || ''})))()"""
+# Move one control the way a mouse user would (the value changes, then its event fires).
+MOVE = """((id) => { const c = document.getElementById(id);
+  if (c.tagName === 'SELECT') { c.value = String((Number(c.value) + 1) % c.options.length); c.dispatchEvent(new Event('change')); }
+  else { c.value = String(Number(c.value) === Number(c.max) ? Number(c.min) : Number(c.max)); c.dispatchEvent(new Event('input')); }
+  return c.value; })"""
+AXE = ROOT / "tools" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
+# WCAG 2.1 A and AA; a violation of impact "serious" or "critical" fails the page.
+AXE_RUN = """axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}})
+  .then(r => JSON.stringify(r.violations.filter(v => v.impact === 'serious' || v.impact === 'critical')
+  .map(v => ({id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 3).map(n => n.target.join(' '))}))))"""
+
+
 def find_chromium():
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
         if shutil.which(name):
@@ -90,6 +107,7 @@ class Browser:
         self.next_id, self.events = 0, []
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable")
+        self.call("Page.setLifecycleEventsEnabled", enabled=True)
 
     def call(self, method, **params):
         self.next_id += 1
@@ -102,11 +120,11 @@ class Browser:
                 return msg.get("result", {})
             self.events.append(msg)
 
-    def wait_for(self, event, timeout=30):
+    def wait_for(self, event, timeout=30, match=None):
         deadline = time.time() + timeout
         while time.time() < deadline:
             for i, e in enumerate(self.events):
-                if e.get("method") == event:
+                if e.get("method") == event and (match is None or match(e.get("params", {}))):
                     return self.events.pop(i)
             self.ws.settimeout(max(0.1, deadline - time.time()))
             try:
@@ -124,10 +142,19 @@ class Browser:
     def open(self, url):
         """Load ``url``, wait for its load event and for MathJax; return the problems the browser reported."""
         self.events.clear()
-        self.call("Page.navigate", url=url)
-        self.wait_for("Page.loadEventFired")
-        self.evaluate("window.MathJax && MathJax.startup && MathJax.startup.promise ? "
-                      "MathJax.startup.promise.then(() => true) : true", await_promise=True)
+        loader = self.call("Page.navigate", url=url).get("loaderId")
+        # The load of *this* navigation: a late event of the previous page must not count (seen on a busy
+        # machine as "Inspected target navigated or closed" while waiting for MathJax).
+        self.wait_for("Page.lifecycleEvent", match=lambda p: p.get("name") == "load" and p.get("loaderId") == loader)
+        for attempt in range(3):
+            try:
+                self.evaluate("window.MathJax && MathJax.startup && MathJax.startup.promise ? "
+                              "MathJax.startup.promise.then(() => true) : true", await_promise=True)
+                break
+            except RuntimeError as e:
+                if "navigated or closed" not in str(e) or attempt == 2:
+                    raise
+                time.sleep(0.5)
         time.sleep(0.2)                         # late console messages
         self.ws.settimeout(0.2)
         try:
@@ -150,6 +177,12 @@ class Browser:
             elif m == "Network.loadingFailed" and not p.get("canceled"):
                 problems.append(f"failed to load ({p.get('errorText')}): request {p.get('requestId')}")
         return problems
+
+    def key(self, key, code=None, key_code=0):
+        """Press and release one key in the focused element (what a keyboard user does)."""
+        for kind in ("rawKeyDown", "keyUp"):
+            self.call("Input.dispatchKeyEvent", type=kind, key=key, code=code or key,
+                      windowsVirtualKeyCode=key_code, nativeVirtualKeyCode=key_code)
 
     def screenshot(self, path):
         Path(path).write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
@@ -209,8 +242,69 @@ def search_finds(browser, base, term, page, timeout=20):
     return False, []
 
 
-def check(html, screenshots=None, log=print):
-    """{page or check: [problems]} for the whole site."""
+def explorers(browser, page, keyboard, shots=None, timeout=20):
+    """[problems] of the explorers on the open page: each must be drawn, and moving each of its controls
+    must change what is drawn; with ``keyboard``, the first explorer's first control is reached with Tab
+    and moved with the arrow keys alone.  ``shots``: a folder for a screenshot before and after."""
+    problems, deadline = [], time.time() + timeout
+    found = json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))
+    while found and not all(e["ready"] for e in found) and time.time() < deadline:
+        time.sleep(0.2)
+        found = json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))
+    name = page.replace("/", "_").removesuffix(".html")
+    for n, e in enumerate(found):
+        if not e["ready"]:
+            problems.append(f"explorer {e['id']} was not drawn within {timeout} s")
+            continue
+        if not e["controls"]:
+            problems.append(f"explorer {e['id']} has no control")
+        browser.evaluate(f"document.getElementById({json.dumps(e['id'])}).scrollIntoView(); true")
+        if shots and n == 0:
+            browser.screenshot(Path(shots) / f"{name}-before.png")
+        for control in e["controls"]:
+            before = json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))[n]["drawn"]
+            browser.evaluate(f"({MOVE})({json.dumps(control)})")
+            time.sleep(0.25)
+            if json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))[n]["drawn"] == before:
+                problems.append(f"explorer {e['id']}: moving {control} did not change the figure")
+        if shots and n == 0:
+            browser.screenshot(Path(shots) / f"{name}-after.png")
+    if keyboard and found and found[0]["controls"]:
+        e, control = found[0], found[0]["controls"][0]
+        # Focus the figure itself (not a control), then Tab to its first control: reachable from the keyboard.
+        browser.evaluate(f"(() => {{ const f = document.getElementById('{e['id']}'); f.tabIndex = -1; f.focus(); }})()")
+        browser.key("Tab", key_code=9)
+        focused = browser.evaluate("document.activeElement && document.activeElement.id")
+        if focused != control:
+            problems.append(f"explorer {e['id']}: Tab from the figure reaches {focused!r}, not its control {control}")
+        else:
+            before = json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))[0]["drawn"]
+            # towards the end the control is not at (a range at its maximum moves left, a menu at its last option up)
+            at_end = browser.evaluate("(() => { const c = document.activeElement; return c.tagName === 'SELECT' ? "
+                                      "c.selectedIndex === c.options.length - 1 : Number(c.value) === Number(c.max); })()")
+            is_menu = browser.evaluate("document.activeElement.tagName") == "SELECT"
+            key = {(True, False): ("ArrowDown", 40), (True, True): ("ArrowUp", 38),
+                   (False, False): ("ArrowRight", 39), (False, True): ("ArrowLeft", 37)}[(is_menu, bool(at_end))]
+            for _ in range(2):
+                browser.key(key[0], key_code=key[1])
+            time.sleep(0.3)
+            if json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))[0]["drawn"] == before:
+                problems.append(f"explorer {e['id']}: the arrow keys on {control} did not change the figure")
+    return problems, len(found)
+
+
+def accessibility(browser):
+    """[problems]: axe-core's serious and critical WCAG 2.1 A/AA violations on the open page."""
+    if not AXE.exists():
+        return [f"axe-core is not installed ({AXE.relative_to(ROOT)}): npm ci --prefix tools/axe"]
+    if not browser.evaluate("typeof axe !== 'undefined'"):
+        browser.evaluate(AXE.read_text(encoding="utf-8") + "; true")
+    found = json.loads(browser.evaluate(AXE_RUN, await_promise=True))
+    return [f"accessibility ({v['impact']}): {v['id']}: {v['help']} at {'; '.join(v['nodes'])}" for v in found]
+
+
+def check(html, screenshots=None, log=print, counts=None):
+    """{page or check: [problems]} for the whole site; ``counts`` (a dict) receives {page: explorers moved}."""
     html = Path(html).resolve()
     if not (html / "intro.html").exists() and not (html / "index.html").exists():
         raise SystemExit(f"no built site in {html}: run `make site` first")
@@ -222,6 +316,7 @@ def check(html, screenshots=None, log=print):
     pages = sorted(str(p.relative_to(html)) for p in html.rglob("*.html")
                    if "_static" not in p.parts and "_sources" not in p.parts and p.name not in ("genindex.html", "search.html"))
     browser, failures, ids = Browser(binary), {}, {}
+    explorer_count = {} if counts is None else counts
     try:
         for page in pages:
             problems = browser.open(base + page)
@@ -232,7 +327,11 @@ def check(html, screenshots=None, log=print):
             problems += [f"formula shows a backslash (write \\mathrm{{max\\_lr}}, not \\text{{max\\_lr}}): {t!r}"
                          for t in seen["backslashes"]]
             problems += broken_links(seen["links"], base, html, ids)
-            log(f"{'ok ' if not problems else 'BAD'} {page}")
+            moved, count = explorers(browser, page, keyboard=True, shots=screenshots)
+            problems += moved
+            problems += accessibility(browser)
+            explorer_count[page] = count
+            log(f"{'ok ' if not problems else 'BAD'} {page}" + (f" ({count} explorers moved)" if count else ""))
             if problems:
                 failures[page] = problems
         for term, page in SEARCHES.items():

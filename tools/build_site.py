@@ -15,6 +15,8 @@ Every generated file is written only when its content changed, so that Sphinx re
 changed and a rebuild with nothing changed is quick.
 """
 import hashlib
+import html
+import json
 import re
 import subprocess
 import sys
@@ -97,6 +99,34 @@ def without_widgets(nb):
     return nb
 
 
+def explorers_for_site(nb, lang="en"):
+    """Each explorer's output (attncourse.explore's Plotly figure) as the page element the site draws with its
+    own plotly.js (_ext/explorers.py): the figure's data with its labels in ``lang``, the hint as a caption and,
+    for readers without JavaScript, the still image the notebook made with its alternative text."""
+    from attncourse import explore
+    nb = nbformat.from_dict(nb)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for i, out in enumerate(cell.outputs):
+            spec = out.get("data", {}).get(explore.MIME)
+            if spec is None:
+                continue
+            spec = explore.localize(dict(spec), lang)
+            meta = spec["layout"]["meta"]
+            data = json.dumps(spec, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+            still = out["data"].get("image/png", "")
+            alt = html.escape(meta["alt"])
+            # controls first (explorers.js fills them): from the figure, Tab reaches them before the plot's own buttons
+            figure = (f'<figure class="attn-explorer" id="explorer-{html.escape(meta["explorer"])}" aria-label="{alt}">'
+                      f'<div class="attn-controls"></div><div class="attn-plot"></div>'
+                      f'<figcaption>{html.escape(meta["hint"])}</figcaption>'
+                      f'<script type="application/json" class="attn-spec">{data}</script>'
+                      f'<noscript><img class="attn-still" src="data:image/png;base64,{still}" alt="{alt}"></noscript></figure>')
+            cell.outputs[i] = nbformat.v4.new_output("display_data", data={"text/html": figure})
+    return nb
+
+
 def write_if_changed(path, text):
     path = Path(path)
     if not path.exists() or path.read_text(encoding="utf-8") != text:
@@ -110,7 +140,8 @@ def chinese_sources(site_notebooks):
     for name in ("intro", "glossary"):
         write_if_changed(ZH / f"{name}.md", i18n.translate_page(name))
     for chapter, (name, nb) in site_notebooks.items():
-        write_if_changed(ZH / "site" / chapter / name, nbformat.writes(i18n.translate_notebook(nb, chapter)) + "\n")
+        zh = explorers_for_site(i18n.translate_notebook(nb, chapter), "zh")
+        write_if_changed(ZH / "site" / chapter / name, nbformat.writes(zh) + "\n")
     strings = i18n.translated_book_strings()
     toc = (ROOT / "_toc.yml").read_text(encoding="utf-8")
     toc = re.sub(r"(- caption:\s*)(.+)", lambda m: m.group(1) + strings.get(m.group(2).strip(), m.group(2)), toc)
@@ -162,7 +193,7 @@ def main():
     for chapter in nbtools.chapters():
         nb = without_widgets(nbtools.strip_solutions(execute(chapter)))
         name = nbtools.chapter_notebook(chapter).name
-        write_if_changed(SITE / chapter / name, nbformat.writes(nb) + "\n")
+        write_if_changed(SITE / chapter / name, nbformat.writes(explorers_for_site(nb)) + "\n")
         site_notebooks[chapter] = (name, nb)
     found = check_no_leaks(SITE)
     if found:

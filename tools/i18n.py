@@ -174,7 +174,7 @@ class Messages(Source):
     whose ``{placeholders}`` are the f-string's expressions: "inputs are {q.dtype} but ...".  Its
     catalogue lives in the package (attncourse.i18n reads the compiled .mo with gettext)."""
     FILES = ["utils/attncourse/checks/*.py", "utils/attncourse/autograde.py", "utils/attncourse/forbid.py",
-             "utils/attncourse/lab/*.py",
+             "utils/attncourse/lab/*.py", "utils/attncourse/explore/*.py",
              "utils/attncourse/validate.py", "utils/attncourse/cli.py", "solutions/attncourse_ref/grading/*.py"]
 
     def __init__(self):
@@ -211,6 +211,8 @@ def message_templates(code, inputs=False):
                 skip |= {id(v) for v in node.elts if isinstance(v, ast.Constant)}
             elif isinstance(node, ast.Call):
                 skip |= {id(v) for v in node.args if isinstance(v, ast.Constant)}
+    marked = {id(node.args[0]) for node in ast.walk(tree) if isinstance(node, ast.Call) and node.args
+              and isinstance(node.func, ast.Name) and node.func.id == "_t"}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body \
                 and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
@@ -230,8 +232,10 @@ def message_templates(code, inputs=False):
         literal = i18n_fidelity.PLACEHOLDER.sub(" ", template)
         words = len(re.findall(r"[A-Za-z]{2,}", literal))
         # two words, or one word between placeholders ("case {i} {describe}: {reason}", "{what} in {dtype}");
-        # and a space outside the placeholders (a path such as "/proc/{pid}/status" is not a message)
-        if (words >= 2 or (words == 1 and "{" in template)) and " " in i18n_fidelity.PLACEHOLDER.sub("", template).strip():
+        # and a space outside the placeholders (a path such as "/proc/{pid}/status" is not a message);
+        # or a label of one word that the code marks as one: _t("probability") (attncourse.explore)
+        if ((words >= 2 or (words == 1 and "{" in template)) and " " in i18n_fidelity.PLACEHOLDER.sub("", template).strip()) \
+                or (id(node) in marked and words >= 1):
             out.append((template, node.lineno))
     return sorted(out, key=lambda t: t[1])
 

@@ -1,0 +1,2 @@
+"""Chapter 03's explorers (see attncourse.explore)."""
+__all__ = []

@@ -1,0 +1,2 @@
+"""Chapter 04's explorers (see attncourse.explore)."""
+__all__ = []

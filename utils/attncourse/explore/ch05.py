@@ -1,0 +1,2 @@
+"""Chapter 05's explorers (see attncourse.explore)."""
+__all__ = []

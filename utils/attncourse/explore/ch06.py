@@ -1,0 +1,2 @@
+"""Chapter 06's explorers (see attncourse.explore)."""
+__all__ = []
