@@ -44,10 +44,16 @@ $(STAMP): requirements.txt utils/pyproject.toml solutions/pyproject.toml
 
 env: $(STAMP)
 
+# axe-core, the accessibility check the browser test runs on every page (npm's registry; pinned in tools/axe).
+AXE := tools/axe/node_modules/axe-core/axe.min.js
+$(AXE): tools/axe/package.json tools/axe/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix tools/axe --no-audit --no-fund --loglevel=error && touch $@; \
+	else echo "npm not found: install Node.js and npm for the browser test's accessibility check (axe-core)"; fi
+
 site: $(STAMP)
 	$(BIN)/python tools/build_site.py
 
-test: $(STAMP)
+test: $(STAMP) $(AXE)
 	$(BIN)/python -m pytest -n auto --dist loadgroup tests
 
 test-fast: $(STAMP)
