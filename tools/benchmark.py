@@ -11,8 +11,11 @@ Per chapter it prints
            tools/grade_class.py does (one nbgrader run for the class, confined kernels, hidden tests)
   start    the run's fixed start-up, paid once per class (a run for 1 student minus `grade`)
   ratio    grade / submit; budget 1.2
-and the whole course's run time against its 6-minute budget.  It is a measurement, not a test:
-it never fails, it reports.
+and the whole course's run time against its 6-minute budget.  Where the site is built (`make site`), it
+then prints each chapter page's weight in both editions: the page's own bytes, its explorers' data
+(figures and still images; budget 1 MB) and the plotting library's script that pages with explorers load
+once and the browser caches (`--pages` prints only this).  It is a measurement, not a test: it never
+fails, it reports.
 """
 import argparse
 import os
@@ -97,6 +100,32 @@ def large_class(chapter, size, jobs):
     return times[1], times[jobs], grades[1] == grades[jobs] and len(grades[1]) == size
 
 
+EXPLORER_BUDGET = 1_000_000
+HTML = nbtools.ROOT / "_build" / "html"
+
+
+def page_weights():
+    """Each chapter page's bytes in both editions: the HTML, its explorers' data, its images; and the shared scripts."""
+    import re
+    if not (HTML / "intro.html").exists():
+        print("page weights: no built site (make site)")
+        return
+    print(f"\n{'page':<30} {'html':>9} {'explorers':>10} {'n':>3} {'images':>9}  verdict")
+    for page in sorted(HTML.glob("site/ch*/*.html")) + sorted(HTML.glob("zh/site/ch*/*.html")):
+        text = page.read_text(encoding="utf-8")
+        data = sum(len(d) for d in re.findall(r'class="attn-spec">(.*?)</script>', text, flags=re.S))
+        data += sum(len(d) for d in re.findall(r'src="data:image/png;base64,([^"]*)"', text))
+        images = sum((page.parent / src).stat().st_size for src in set(re.findall(r'<img[^>]+src="(?!data:)([^"]+)"', text))
+                     if (page.parent / src).exists())
+        n = text.count('<figure class="attn-explorer"')
+        print(f"{str(page.relative_to(HTML)):<30} {len(text.encode()):9,} {data:10,} {n:3d} {images:9,}  "
+              f"{'within budget' if data <= EXPLORER_BUDGET else 'explorer data OVER 1 MB'}")
+    js = HTML / "_static" / "plotly.min.js"
+    if js.exists():
+        print(f"shared, loaded once and cached: plotly.min.js {js.stat().st_size:,} bytes, "
+              f"explorers.js {(HTML / '_static' / 'explorers.js').stat().st_size:,} bytes")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("chapters", nargs="*")
@@ -104,7 +133,11 @@ def main(argv=None):
     ap.add_argument("--class-size", type=int, default=0,
                     help="also grade a generated class of this size serially and in parallel (e.g. 200)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
+    ap.add_argument("--pages", action="store_true", help="only the built site's page weights")
     args = ap.parse_args(argv)
+    if args.pages:
+        page_weights()
+        return
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     if args.class_size:
         chapter = (args.chapters or ["ch02"])[0]
@@ -134,6 +167,7 @@ def main(argv=None):
     print(f"{'course':<8} {total:6.1f}s {COURSE_BUDGET:6d}s  {'within budget' if total <= COURSE_BUDGET else 'OVER BUDGET'}")
     print(f"(grade = seconds each further student adds to one autograde run of {args.students} correct "
           f"submissions; start = that run's fixed start-up; {os.cpu_count()} CPU cores)")
+    page_weights()
 
 
 if __name__ == "__main__":
