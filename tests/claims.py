@@ -123,11 +123,14 @@ CLAIMS = {
               > numbers(r"validation loss: target GPT ([\d.]+)", out)[0] + 0.1),
         Claim("With the bigram, for $k$ of 2 and more, speculative sampling is faster than sampling from the target "
               "alone", "bigram = Bigram(", lambda out: all(row(out, f"bigram, k = {k}")[-1] > 1 for k in (2, 4, 8))),
-        Claim("With the one-layer GPT it is slower than with the bigram at every $k$, although the two drafts are "
-              "accepted about as often", "bigram = Bigram(",
-              lambda out: all(row(out, f"1-layer GPT, k = {k}")[-1] < row(out, f"bigram, k = {k}")[-1]
-                              and abs(row(out, f"1-layer GPT, k = {k}")[1] - row(out, f"bigram, k = {k}")[1]) < 0.1
-                              for k in (1, 2, 4, 8))),
+        # A timing claim holds with a margin a busy machine cannot erase: at k = 1 the two speed-ups were once
+        # 1% apart (0.89x against 0.88x), so the text claims k >= 2 only, and "clearly": at least 15% apart.
+        Claim("With the one-layer GPT it is clearly slower than with the bigram for $k$ of 2 and more, although the "
+              "two drafts are accepted about as often", "bigram = Bigram(",
+              lambda out: all(row(out, f"1-layer GPT, k = {k}")[-1] < 0.85 * row(out, f"bigram, k = {k}")[-1]
+                              for k in (2, 4, 8))
+              and all(abs(row(out, f"1-layer GPT, k = {k}")[1] - row(out, f"bigram, k = {k}")[1]) < 0.1
+                      for k in (1, 2, 4, 8))),
         Claim("sampling from the one-layer GPT alone is less than four times as fast as from the target",
               "bigram = Bigram(", lambda out: numbers(r"plain sampling.*1-layer GPT (\d+)", out)[0]
               < 4 * numbers(r"plain sampling.*target GPT (\d+)", out)[0]),

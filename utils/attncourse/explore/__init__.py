@@ -135,43 +135,72 @@ def strings(spec):
 # ---------------------------------------------------------------------------------------------------
 # The still image: the figure's first state, drawn by matplotlib (print, no JavaScript, GitHub)
 
+def _axis(layout, axis):
+    """Layout of a trace's axis ("x2" -> layout["xaxis2"])."""
+    return layout.get(axis[0] + "axis" + axis[1:], {})
+
+
+def _title(node):
+    title = node.get("title", {})
+    return title.get("text", "") if isinstance(title, dict) else str(title or "")
+
+
 def still(spec, dpi=60):
-    """PNG bytes of the figure as it first appears: heat maps, lines, markers and bars of every
-    visible trace, one panel per pair of axes, with the figure's title and axis titles."""
+    """PNG bytes of the figure as it first appears: heat maps, lines, markers and bars (vertical, horizontal,
+    stacked) of every visible trace, one panel per pair of axes laid out as the figure places them (rows by
+    the y domain, columns by the x domain), with the figure's title and axis titles."""
     import matplotlib
     import matplotlib.pyplot as plt
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    traces = [t for t in spec["data"] if t.get("visible", True) is True]
-    panels = sorted({(t.get("xaxis", "x"), t.get("yaxis", "y")) for t in traces}, key=lambda p: (len(p[0]), p[0]))
     layout = spec["layout"]
-    fig = matplotlib.figure.Figure(figsize=(4.2 * max(1, len(panels)), 3.4), dpi=dpi)
+    traces = [t for t in spec["data"] if t.get("visible", True) is True]
+    panels = sorted({(t.get("xaxis", "x"), t.get("yaxis", "y")) for t in traces} or {("x", "y")},
+                    key=lambda p: (-_axis(layout, p[1]).get("domain", [0, 1])[0], _axis(layout, p[0]).get("domain", [0, 1])[0]))
+    rows = sorted({tuple(_axis(layout, y).get("domain", [0, 1])) for _, y in panels}, key=lambda d: -d[0])
+    cols = max(sum(1 for _, y in panels if tuple(_axis(layout, y).get("domain", [0, 1])) == r) for r in rows)
+    fig = matplotlib.figure.Figure(figsize=(min(4.2 * cols, 13), 3.2 * len(rows) + 0.4), dpi=dpi)
     FigureCanvasAgg(fig)
-    for i, (xa, ya) in enumerate(panels or [("x", "y")]):
-        ax = fig.add_subplot(1, max(1, len(panels)), i + 1)
+    placed = {}
+    for xa, ya in panels:
+        r = rows.index(tuple(_axis(layout, ya).get("domain", [0, 1])))
+        c = placed.setdefault(r, 0)
+        placed[r] += 1
+        ax = fig.add_subplot(len(rows), cols, r * cols + c + 1)
+        stacked = {}
+        labelled = False
         for t in traces:
             if (t.get("xaxis", "x"), t.get("yaxis", "y")) != (xa, ya):
                 continue
             kind = t.get("type", "scatter")
             if kind == "heatmap":
                 z = np.asarray(t["z"], dtype=float)
-                ax.imshow(z, aspect="auto", cmap="viridis", origin="upper")
+                reversed_y = _axis(layout, ya).get("autorange") == "reversed"
+                ax.imshow(z, aspect="auto", cmap="viridis", origin="upper" if reversed_y else "lower")
             elif kind == "bar":
-                ax.bar([str(v) for v in t.get("x", range(len(t["y"])))], t["y"])
-                ax.tick_params(axis="x", labelrotation=45)
+                horizontal = t.get("orientation") == "h"
+                values = np.asarray(t["x" if horizontal else "y"], dtype=float)
+                where = [str(v) for v in t.get("y" if horizontal else "x", range(len(values)))]
+                base = stacked.get(tuple(where), np.zeros(len(values))) if layout.get("barmode") in ("stack", "relative") else 0
+                (ax.barh if horizontal else ax.bar)(where, values, **({"left": base} if horizontal else {"bottom": base}),
+                                                    label=t.get("name"))
+                if layout.get("barmode") in ("stack", "relative"):
+                    stacked[tuple(where)] = base + values
+                labelled |= bool(t.get("name")) and t.get("showlegend", True)
+                if not horizontal:
+                    ax.tick_params(axis="x", labelrotation=45)
             elif kind == "scatter":
                 x = t.get("x", list(range(len(t.get("y", [])))))
                 style = "o" if t.get("mode") == "markers" else "-"
                 ax.plot(x, t.get("y", []), style, label=t.get("name"))
-        for axis, setter in ((xa, ax.set_xlabel), (ya, ax.set_ylabel)):
-            key = axis[0] + "axis" + axis[1:]
-            title = layout.get(key, {}).get("title", {})
-            setter(title.get("text", "") if isinstance(title, dict) else str(title))
-            if layout.get(key, {}).get("type") == "log":
-                (ax.set_xscale if axis[0] == "x" else ax.set_yscale)("log")
-        if any(t.get("name") and t.get("showlegend", True) and t.get("type", "scatter") == "scatter" for t in traces):
+                labelled |= bool(t.get("name")) and t.get("showlegend", True)
+        ax.set_xlabel(_title(_axis(layout, xa)))
+        ax.set_ylabel(_title(_axis(layout, ya)))
+        for axis, scale in ((xa, ax.set_xscale), (ya, ax.set_yscale)):
+            if _axis(layout, axis).get("type") == "log":
+                scale("log")
+        if labelled:
             ax.legend(fontsize=7)
-    title = layout.get("title", {})
-    fig.suptitle(title.get("text", "") if isinstance(title, dict) else str(title), fontsize=10)
+    fig.suptitle(_title(layout), fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
