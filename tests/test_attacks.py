@@ -195,6 +195,13 @@ for i in range(200):                                  # up to 3.2 GiB: stopped a
 # Asking the grading server first, with guesses, to read its verdicts and answer with the best one:
 # the server answers each hidden test once per kernel, so the test cell's own request is refused and
 # the first (failed) verdict stands, even though the cell ends by defining the right function.
+# -- the grader's environment: a secret in it must not reach the kernel, its output or the feedback --
+CANARY = "canary-3f9c1e7a"
+ATTACKS["environment"] = """import os
+print(sorted(os.environ.items()))
+def equivariance_gap(layer, x, perm):
+    return 0.0
+"""
 ATTACKS["oracle-probe"] = """from attncourse import autograde
 for guess in (0.0, 0.5, 1.0):
     try:
@@ -321,7 +328,8 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     protected = [honest_sub, root / "chapters" / CH / name, root / "release" / CH / name]
     before = _digest(protected)
     env = dict(os.environ, ATTNCOURSE_CELL_TIMEOUT="30", ATTNCOURSE_KERNEL_DISK_MB="256",
-               ATTNCOURSE_KERNEL_MEMORY_MB="4096", ATTNCOURSE_KERNEL_PROCS="128")
+               ATTNCOURSE_KERNEL_MEMORY_MB="4096", ATTNCOURSE_KERNEL_PROCS="128",
+               PGPASSWORD=CANARY, ATTNCOURSE_GRADING_SALT=f"salt-{CANARY}")      # secrets a grader may hold
     try:
         res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "grade_class.py"), CH, "--root", str(root)],
                              capture_output=True, text=True, env=env, timeout=1800)
@@ -351,6 +359,9 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     assert "ch02.equivariance_gap asked twice: the first verdict stands" in lines["oracle-probe"], lines["oracle-probe"]
     for killer in ("fork-loop", "disk-filler"):
         assert f"graded after disabling {TARGET}" in lines[killer], lines[killer]
+    # The environment printer ran (its output is in its notebook) but saw none of the grader's secrets.
+    printed = (root / "autograded" / "environment" / CH / name).read_text()
+    assert "ATTNCOURSE_GRADING_KERNEL" in printed and CANARY not in printed
     # No kernel or forked child outlives the class run.
     leftovers = subprocess.run(["pgrep", "-f", "attncourse.sandbox|ipykernel_launcher"], capture_output=True, text=True)
     assert str(root) not in leftovers.stdout

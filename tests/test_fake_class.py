@@ -51,6 +51,9 @@ def test_fake_class(chapter, tmp_path):
         misnamed = tmp_path / "submitted" / "misnamed" / chapter / "Untitled.ipynb"
         misnamed.parent.mkdir(parents=True)
         misnamed.write_bytes((tmp_path / "release" / chapter / nbtools.chapter_notebook(chapter).name).read_bytes())
+        # An honest learner's accident: a solution cell and a test cell copied (the same grade id twice), which
+        # nbgrader refuses for the whole notebook.  Graded as the first cell of each id, with full marks.
+        students.append(copy_paste_student(tmp_path, chapter))
     report = grade_class(chapter, tmp_path)
     expected = fakeclass.expected_scores(chapter, students)
     got = cell_scores(tmp_path, chapter, [s.name for s in students])
@@ -60,8 +63,24 @@ def test_fake_class(chapter, tmp_path):
         check_ch02_extras(tmp_path, report)
 
 
+def copy_paste_student(root, chapter):
+    import copy
+    import uuid
+    name = nbtools.chapter_notebook(chapter).name
+    nb = nbtools.read(root / "submitted" / "correct" / chapter / name)
+    solution = next(i for i, c in enumerate(nb.cells) if nbtools.is_solution(c))
+    test = next(i for i, c in enumerate(nb.cells) if nbtools.is_test(c))
+    for i in sorted((solution, test), reverse=True):
+        twin = copy.deepcopy(nb.cells[i])
+        twin.id = uuid.uuid4().hex[:8]
+        nb.cells.insert(i + 1, twin)
+    nbtools.write(nb, root / "submitted" / "copy-paste" / chapter / name)
+    return fakeclass.Student("copy-paste", note="a solution cell and a test cell pasted twice")
+
+
 def check_ch02_extras(root, report):
     lines = {line.split()[0]: line for line in report.splitlines() if line.strip()}
+    assert "repeats the grade id" in lines["copy-paste"] and lines["copy-paste"].startswith("copy-paste")
     assert "unreadable notebook" in lines["broken-json"]
     assert "no attention.ipynb" in lines["misnamed"]
     assert "graded after disabling equivariance_gap" in lines["killer"]

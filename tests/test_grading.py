@@ -229,3 +229,18 @@ sys.stdin.readline()
         kernel.wait()
         for path in set(cgroups.values()):
             os.rmdir(path)
+
+
+def test_a_grading_kernel_gets_only_the_environment_it_needs():
+    """Nothing of the grader's environment reaches a student's code: a password, the gradebook's URL, the
+    course's grading salt and the grading server's control socket are left out; what the kernel needs stays."""
+    from attncourse.sandbox import kernel_environment
+    grader = {"PATH": "/usr/bin", "HOME": "/tmp/home", "LC_ALL": "C.UTF-8", "PGPASSWORD": "secret",
+              "NBGRADER_DB_URL": "postgresql://u:secret@db/gradebook", "ATTNCOURSE_GRADING_SALT": "term-2026",
+              "ATTNCOURSE_GRADER_CONTROL": "/tmp/x/control.sock", "AWS_SECRET_ACCESS_KEY": "secret",
+              "ATTNCOURSE_GRADING_KERNEL": "1", "ATTNCOURSE_GRADING_SOCKET": "/tmp/k.sock",
+              "ATTNCOURSE_GRADING_TOKEN": "t", "ATTNCOURSE_LANGUAGE": "zh", "OMP_NUM_THREADS": "1"}
+    kept = kernel_environment(grader)
+    assert set(kept) == {"PATH", "HOME", "LC_ALL", "ATTNCOURSE_GRADING_KERNEL", "ATTNCOURSE_GRADING_SOCKET",
+                         "ATTNCOURSE_GRADING_TOKEN", "ATTNCOURSE_LANGUAGE", "OMP_NUM_THREADS"}
+    assert "secret" not in repr(kept) and "term-2026" not in repr(kept)

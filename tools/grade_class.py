@@ -152,10 +152,13 @@ def precheck(chapter, student, root):
 def restore_test_cells(chapter, student, root, source):
     """Put back what an honest grader grades with: every test cell of the source notebook.
 
-    A submission that deleted a test cell, re-labelled one, or left a cell with nbgrader metadata
-    that nbgrader cannot read (which would stop nbgrader for the whole class) is repaired in place:
-    malformed metadata is dropped, and each missing test cell is re-inserted after the solution
-    cell it follows in the source.  The original is kept under salvaged/.  Returns what changed.
+    A submission that deleted a test cell, re-labelled one, copied one (two cells with one grade id, which
+    nbgrader refuses: an honest learner's copy-paste), or left a cell with nbgrader metadata that nbgrader
+    cannot read (which would stop nbgrader for the whole class) is repaired in place: malformed metadata is
+    dropped, a copy loses its metadata as nbgrader's own handling intends (the first cell of each grade id,
+    by position, is the one graded; the copy still runs as ordinary code), and each missing test cell is
+    re-inserted after the solution cell it follows in the source.  The original is kept under salvaged/.
+    Returns what changed.
     """
     from nbgrader.nbgraderformat import MetadataValidator
     path = Path(root) / "submitted" / student / chapter / nbtools.chapter_notebook(chapter).name
@@ -168,6 +171,13 @@ def restore_test_cells(chapter, student, root, source):
             except Exception:              # any shape nbgrader cannot read
                 notes.append(f"dropped unreadable nbgrader metadata of cell {i}")
                 del cell.metadata["nbgrader"]
+    seen = set()
+    for i, cell in enumerate(nb.cells):
+        gid = nbtools.grade_info(cell).get("grade_id")
+        if gid is not None and gid in seen:
+            del cell.metadata["nbgrader"]
+            notes.append(f"cell {i} repeats the grade id {gid} (a copied cell): the first one is graded, the copy runs as plain code")
+        seen.add(gid)
     tests = {nbtools.grade_info(c)["grade_id"] for c in nb.cells if nbtools.is_test(c)}
     previous = None
     for cell in source.cells:

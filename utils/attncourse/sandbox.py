@@ -446,6 +446,26 @@ def _make_cgroups():
     return made
 
 
+# What a grading kernel's environment may hold: an explicit list, so that nothing of the grader's (a database
+# password, NBGRADER_DB_URL, the course's grading salt, a token of the host) reaches a student's code, its
+# printed output or the feedback built from it.
+KERNEL_ENVIRONMENT = {
+    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "VIRTUAL_ENV", "PYTHONHASHSEED",
+    "MPLCONFIGDIR", "MPLBACKEND", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY", "GLOO_SOCKET_IFNAME",
+    "IPYTHONDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
+    "ATTNCOURSE_GRADING_KERNEL", "ATTNCOURSE_LANGUAGE", "ATTNCOURSE_SANDBOX_TMP", "ATTNCOURSE_GRADING_SOCKET",
+    "ATTNCOURSE_GRADING_TOKEN", "ATTNCOURSE_CELL_TIMEOUT", "ATTNCOURSE_KERNEL_MEMORY_MB", "ATTNCOURSE_KERNEL_FILE_MB",
+    "ATTNCOURSE_KERNEL_PROCS", "ATTNCOURSE_KERNEL_DISK_MB", "ATTNCOURSE_LAB_DIR", "ATTNCOURSE_LAB_DATA",
+    "ATTNCOURSE_PEAK_TFLOPS",
+}
+
+
+def kernel_environment(env):
+    """The part of ``env`` a grading kernel gets: the names of KERNEL_ENVIRONMENT and the locale's LC_*."""
+    return {k: v for k, v in env.items() if k in KERNEL_ENVIRONMENT or k.startswith("LC_")}
+
+
 def main(argv):
     if "-f" not in argv:
         raise SystemExit("usage: python -m attncourse.sandbox -f CONNECTION_FILE [ipykernel arguments]")
@@ -460,6 +480,9 @@ def main(argv):
         with report_file:
             json.dump(report, report_file)
     args = argv[:i] + ["-f", conn] + argv[i + 2:]
+    kept = kernel_environment(os.environ)
+    os.environ.clear()
+    os.environ.update(kept)
     os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *args])
 
 
