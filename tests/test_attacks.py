@@ -14,8 +14,10 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+import nbformat
 import pytest
 
 import fakeclass
@@ -192,9 +194,6 @@ for i in range(200):                                  # up to 3.2 GiB: stopped a
 }
 
 
-# Asking the grading server first, with guesses, to read its verdicts and answer with the best one:
-# the server answers each hidden test once per kernel, so the test cell's own request is refused and
-# the first (failed) verdict stands, even though the cell ends by defining the right function.
 # -- the grader's environment: a secret in it must not reach the kernel, its output or the feedback --
 CANARY = "canary-3f9c1e7a"
 ATTACKS["environment"] = """import os
@@ -202,6 +201,32 @@ print(sorted(os.environ.items()))
 def equivariance_gap(layer, x, perm):
     return 0.0
 """
+# -- stopping a classmate's grading: the control socket, jammed with one byte, and a child left behind --
+ATTACKS["jam"] = """import os, socket, time
+channel = os.environ.get("ATTNCOURSE_GRADING_SOCKET", "")
+grader = os.path.dirname(os.path.dirname(channel))
+paths = [os.path.join(grader, "control.sock"), os.path.join(os.path.dirname(channel), "control.sock")]
+for d in (grader, os.path.dirname(channel)):
+    try:
+        paths += [os.path.join(d, f) for f in os.listdir(d)]
+    except OSError:
+        pass
+for path in [p for p in paths if p != channel]:
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.send(b"x")                              # one byte of a request, then silence
+        print("reached", path)
+    except OSError:
+        pass
+if os.fork() == 0:                                # a detached child that sleeps past the kernel
+    os.setsid()
+    time.sleep(900)
+    os._exit(0)
+""" + WRONG
+# Asking the grading server first, with guesses, to read its verdicts and answer with the best one:
+# the server answers each hidden test once per kernel, so the test cell's own request is refused and
+# the first (failed) verdict stands, even though the cell ends by defining the right function.
 ATTACKS["oracle-probe"] = """from attncourse import autograde
 for guess in (0.0, 0.5, 1.0):
     try:
@@ -323,6 +348,18 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     nbtools.write(nb, root / "submitted" / "edit-test-cells" / CH / name)
     EXPECTED["edit-test-cells"] = {**ALL, "test_equivariance_gap": 0}     # its test cells are put back
 
+    # One more: asks the hidden test with a wrong guess from a cell of its own, then kills its kernel, so that
+    # the salvage run (that cell disabled) would ask again with the right code in a fresh kernel.  The first
+    # verdict of the run stands in every kernel of it: 0, as for the oracle probe.
+    nb = nbtools.solve(instructor, release, {})
+    at = next(i for i, c in enumerate(nb.cells) if nbtools.grade_info(c).get("grade_id") == TARGET)
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(
+        "import os\nfrom attncourse import autograde\n"
+        "verdict = autograde.run_hidden_test('ch02.equivariance_gap', lambda layer, x, perm: 0.0)\n"
+        "if verdict['failures']:\n    os._exit(1)      # a fresh kernel, a fresh verdict?\n"))
+    nbtools.write(nb, root / "submitted" / "salvage-retry" / CH / name)
+    EXPECTED["salvage-retry"] = {**ALL, "test_equivariance_gap": 0}
+
     # Everything outside the attackers' own folders, fingerprinted before grading.
     honest_sub = root / "submitted" / "honest" / CH / name
     protected = [honest_sub, root / "chapters" / CH / name, root / "release" / CH / name]
@@ -330,11 +367,13 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     env = dict(os.environ, ATTNCOURSE_CELL_TIMEOUT="30", ATTNCOURSE_KERNEL_DISK_MB="256",
                ATTNCOURSE_KERNEL_MEMORY_MB="4096", ATTNCOURSE_KERNEL_PROCS="128",
                PGPASSWORD=CANARY, ATTNCOURSE_GRADING_SALT=f"salt-{CANARY}")      # secrets a grader may hold
+    t0 = time.monotonic()
     try:
         res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "grade_class.py"), CH, "--root", str(root)],
                              capture_output=True, text=True, env=env, timeout=1800)
     finally:
         listener.close()
+    took = time.monotonic() - t0
     report = res.stdout + res.stderr
     assert res.returncode == 0, report
     assert _digest(protected) == before, "a submission changed a file outside its own folder\n" + report
@@ -359,6 +398,11 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     assert "ch02.equivariance_gap asked twice: the first verdict stands" in lines["oracle-probe"], lines["oracle-probe"]
     for killer in ("fork-loop", "disk-filler"):
         assert f"graded after disabling {TARGET}" in lines[killer], lines[killer]
+    # The jammer reached no control socket, and its sleeping child did not hold the class: the run ended long
+    # before the child's 900 s (a jam held it for the cell timeout of every later kernel: 601-671 s here).
+    assert "reached" not in (root / "autograded" / "jam" / CH / name).read_text()
+    assert took < 600, f"the class run took {took:.0f} s"
+    assert "graded after disabling" in lines["salvage-retry"], lines["salvage-retry"]
     # The environment printer ran (its output is in its notebook) but saw none of the grader's secrets.
     printed = (root / "autograded" / "environment" / CH / name).read_text()
     assert "ATTNCOURSE_GRADING_KERNEL" in printed and CANARY not in printed

@@ -244,3 +244,89 @@ def test_a_grading_kernel_gets_only_the_environment_it_needs():
     assert set(kept) == {"PATH", "HOME", "LC_ALL", "ATTNCOURSE_GRADING_KERNEL", "ATTNCOURSE_GRADING_SOCKET",
                          "ATTNCOURSE_GRADING_TOKEN", "ATTNCOURSE_LANGUAGE", "OMP_NUM_THREADS"}
     assert "secret" not in repr(kept) and "term-2026" not in repr(kept)
+
+
+def test_the_class_server_survives_any_client_of_its_control_socket(tmp_path):
+    """A client that connects and hangs up, or sends one byte and waits, neither stops nor holds the class
+    grader's server: a kernel launcher's request right after is answered at once, on a channel that lives in
+    a folder of its own (the folder a confined kernel is shown), not beside the control socket."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import tempfile
+    from pathlib import Path
+    control = Path(tempfile.mkdtemp(prefix="attncourse-grader-")) / "control.sock"    # a short path, as the grader's
+    server = subprocess.Popen([sys.executable, "-I", "-m", "attncourse_ref.grading", "--serve", str(control),
+                               "--root", str(tmp_path)], stdin=subprocess.PIPE)
+    try:
+        for _ in range(600):
+            if control.exists() or server.poll() is not None:
+                break
+            time.sleep(0.05)
+        for _ in range(5):                                   # connect and hang up
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(str(control))
+        jam = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        jam.connect(str(control))
+        jam.send(b"x")                                       # one byte of a request, then nothing
+        t0 = time.monotonic()
+        folder = tmp_path / "autograded" / "student" / "ch02"
+        folder.mkdir(parents=True)
+        # The launcher: a process of its own, as the server watches (and in the end kills) whoever asked.
+        launcher = subprocess.Popen([sys.executable, "-c", f"""
+import json, socket, sys, time
+from attncourse import _wire
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect({str(control)!r})
+_wire.send(s.makefile("wb"), {{"open": {str(folder)!r}, "tmp": {str(tmp_path / "tmp")!r}}})
+print(json.dumps(_wire.recv(s.makefile("rb"))[0]), flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+        reply = json.loads(launcher.stdout.readline())
+        assert time.monotonic() - t0 < 15, "the server was held by a silent client"
+        assert os.path.dirname(reply["socket"]) == str(control.parent / "channels")
+        assert server.poll() is None
+        jam.close()
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+        import shutil
+        shutil.rmtree(control.parent, ignore_errors=True)
+
+
+def test_a_case_builder_that_raises_is_a_grading_error_and_the_session_goes_on(tmp_path):
+    """One hidden test whose cases cannot be built is reported as the grader's error (in the record too), and
+    the kernel's next hidden test is served as usual."""
+    import json
+    import socket
+    import threading
+    from attncourse_ref.grading import REGISTRY
+    from attncourse_ref.grading import __main__ as server
+    server.load_chapters()
+    REGISTRY["ch99.broken"] = lambda rng: 1 / 0
+    try:
+        a, b = socket.socketpair()
+        record = open(tmp_path / "record.jsonl", "a+")
+        def serve():
+            try:
+                server.session(a.makefile("rb"), a.makefile("wb"), None, record)
+            except EOFError:            # the client hangs up in the middle of its second test, as it may
+                pass
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        rfile, wfile = b.makefile("rb"), b.makefile("wb")
+        _wire.send(wfile, {"test": "ch99.broken"})
+        reply, _ = _wire.recv(rfile)
+        assert "grading error" in reply["error"] and "ZeroDivisionError" in reply["error"]
+        _wire.send(wfile, {"test": "ch02.causal_mask"})
+        reply, _ = _wire.recv(rfile)
+        assert reply["cases"]                                   # still serving
+        b.close()
+        thread.join(timeout=30)
+        entries = [json.loads(line) for line in open(tmp_path / "record.jsonl")]
+        assert any(e.get("grading_error", "").startswith("ZeroDivisionError") for e in entries)
+    finally:
+        del REGISTRY["ch99.broken"]

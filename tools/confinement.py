@@ -129,11 +129,12 @@ def hidden_ids(source_nb):
 
 
 def read_record(root, chapter, student):
-    """(sandbox facts or None, {hidden test id: passed}, {hidden test id: forbidden built-ins},
-    [hidden test ids asked again]) from the server's record of the student's (last) kernel.  The server
-    answers each test once per kernel, so a test has one verdict: the first."""
+    """(sandbox facts of the student's last kernel or None, {hidden test id: passed}, {hidden test id:
+    forbidden built-ins}, [hidden test ids asked again], {hidden test id: grading error}) from the server's
+    record of this run's kernels.  The server answers each test once per student and run (a later kernel
+    gets the first verdict again), so a test has one verdict: the first."""
     path = Path(root) / "verdicts" / chapter / f"{student}.jsonl"
-    facts, verdicts, forbid, refused = None, {}, {}, []
+    facts, verdicts, forbid, refused, errors = None, {}, {}, [], {}
     if path.exists():
         for line in path.read_text().splitlines():
             entry = json.loads(line)
@@ -141,9 +142,11 @@ def read_record(root, chapter, student):
                 facts, forbid = entry["sandbox"], entry.get("forbid", {})
             elif "refused" in entry:
                 refused.append(entry["refused"])
+            elif "grading_error" in entry:
+                errors.setdefault(entry["test"], entry["grading_error"])
             elif "test" in entry:
                 verdicts.setdefault(entry["test"], bool(entry["passed"]))
-    return facts, verdicts, forbid, refused
+    return facts, verdicts, forbid, refused, errors
 
 
 def forbidden_uses(submission, release_nb, paths):
@@ -186,7 +189,7 @@ def reconcile(chapter, root, student, source_nb, release_nb):
     """Make the gradebook agree with the server's record; return [(cell, why)] for every change."""
     from nbgrader.api import Gradebook, MissingEntry
     name = nbtools.chapter_notebook(chapter).stem
-    facts, verdicts, forbid, refused = read_record(root, chapter, student)
+    facts, verdicts, forbid, refused, errors = read_record(root, chapter, student)
     sub_path = Path(root) / "submitted" / student / chapter / f"{name}.ipynb"
     submission = nbtools.read(sub_path)
     changes = []
@@ -200,6 +203,9 @@ def reconcile(chapter, root, student, source_nb, release_nb):
             why = None
             if test_id in refused:
                 changes.append((cell, f"{test_id} asked twice: the first verdict stands"))
+            if test_id in errors and test_id not in verdicts:
+                changes.append((cell, f"GRADING ERROR in {test_id} (the grader's, not the student's: its cases could "
+                                      f"not be built: {errors[test_id]}); regrade this cell once it is fixed"))
             if uses:
                 why = f"the submission calls {', '.join(sorted(set(uses)))}, which {test_id} forbids"
             elif not verdicts.get(test_id, False):

@@ -279,6 +279,10 @@ def main(argv=None):
         status[s] = "graded earlier (kept; --regrade grades it again)"
     ok = [s for s in students if status[s] is None]
     repaired = {s: restore_test_cells(args.chapter, s, root, source) for s in ok}
+    # A run starts each student's record of verdicts afresh; every kernel of the run (a retry alone, a salvage
+    # after a crash) then adds to it, and the first verdict of each hidden test stands across all of them.
+    for s in ok:
+        (root / "verdicts" / args.chapter / f"{s}.jsonl").unlink(missing_ok=True)
     # One nbgrader run per share of the students (JOBS shares, run at once): its start-up is paid
     # once per share.  nbgrader goes on with the next student when one fails; what failed is
     # picked up below.

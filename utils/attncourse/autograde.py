@@ -311,6 +311,8 @@ def run_hidden_test(test_id, candidate, watch=None):
     meta, arrays = _wire.recv(server.rfile)
     if "error" in meta:
         raise RuntimeError(translate(meta["error"]))
+    if "replay" in meta:        # an earlier kernel of this grading run was answered: its verdict stands
+        return meta["replay"]
     forbid = meta.get("forbid", [])
     results, outputs = [], {}
     for i, call in enumerate(meta["cases"]):

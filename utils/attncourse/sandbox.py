@@ -332,8 +332,9 @@ def confine(connection_file, cgroups=None):
     private_net = ipc and _private_network()
     report["network"] = "private namespace (loopback only)" if private_net else "the machine's"
     cwd, control = os.getcwd(), os.environ.get("ATTNCOURSE_GRADER_CONTROL")
-    # The grader's folder of channels stays: it cannot be listed, and each channel wants its token.
-    keep = [cwd, tmp, *read_paths(), *([os.path.dirname(control)] if control else [])]
+    # The grader's folder of channels stays: it cannot be listed, and each channel wants its token.  The control
+    # socket beside it (where launchers ask for channels) is not in it, so a confined kernel never sees it.
+    keep = [cwd, tmp, *read_paths(), *([os.path.join(os.path.dirname(control), "channels")] if control else [])]
     if ipc:
         keep.append(os.path.dirname(os.path.abspath(info["ip"])))
     _private_home(tmp)                             # before the mounts: it copies the grader's font cache from /tmp

@@ -157,17 +157,27 @@ def _judge(test_id, cases, answer, got, peaks):
 
 
 def _first_request(record, test_id):
-    """Whether this kernel asks for ``test_id`` for the first time; notes the request in its record
-    either way.  The server answers each hidden test once per kernel: a kernel that could ask again
-    would learn from each verdict and converge on the reference's outputs by guessing."""
+    """(first, earlier verdict): whether this kernel asks for ``test_id`` for the first time, and the verdict
+    an earlier kernel of the same grading run obtained for it (None if none); notes the request in the record
+    either way.  The server answers each hidden test once per student and run: a kernel that could ask again,
+    or a submission that killed its kernel to be graded in a fresh one, would learn from each verdict and
+    converge on the reference's outputs by guessing.  The record holds one "sandbox" line per kernel."""
     import fcntl
     fcntl.flock(record.fileno(), fcntl.LOCK_EX)    # the kernel's connections are served by parallel children
     try:
+        asked, earlier = False, None
         with open(record.name) as f:
-            asked = any(json.loads(line).get("asked") == test_id for line in f if line.strip())
+            for line in f:
+                entry = json.loads(line) if line.strip() else {}
+                if "sandbox" in entry:
+                    asked = False                      # a later kernel of the run: its own requests from here
+                elif entry.get("asked") == test_id:
+                    asked = True
+                elif entry.get("test") == test_id and earlier is None and "n_cases" in entry:
+                    earlier = {"test": test_id, "n_cases": entry["n_cases"], "failures": entry["failures"]}
         record.write(json.dumps({"asked": test_id} if not asked else {"refused": test_id}) + "\n")
         record.flush()
-        return not asked
+        return not asked, earlier
     finally:
         fcntl.flock(record.fileno(), fcntl.LOCK_UN)
 
@@ -188,13 +198,27 @@ def session(rfile, wfile, peer_pid=None, record=None, memory_cgroup=None):
             why = f"; its chapter failed to load: {BROKEN[chapter]}" if chapter in BROKEN else ""
             _wire.send(wfile, {"error": f"unknown hidden test {test_id!r}{why}"})
             continue
-        if record is not None and not _first_request(record, test_id):
-            _wire.send(wfile, {"error": f"hidden test {test_id} was already asked in this kernel: only its first "
-                                        "verdict counts"})
-            continue
+        if record is not None:
+            first, earlier = _first_request(record, test_id)
+            if not first:
+                _wire.send(wfile, {"error": f"hidden test {test_id} was already asked in this kernel: only its first "
+                                            "verdict counts"})
+                continue
+            if earlier is not None:            # an earlier kernel of this run was answered: that verdict stands
+                _wire.send(wfile, {"replay": earlier})
+                continue
         seed = seed_for(test_id)
         torch.manual_seed(seed)
-        cases = REGISTRY[test_id](np.random.default_rng(seed))
+        try:
+            cases = REGISTRY[test_id](np.random.default_rng(seed))
+        except Exception as exc:        # the grader's fault, not the student's: say so, and serve the next test
+            why = f"{type(exc).__name__}: {exc}"
+            if record is not None:
+                record.write(json.dumps({"test": test_id, "passed": False, "grading_error": why}) + "\n")
+                record.flush()
+            _wire.send(wfile, {"error": f"grading error in hidden test {test_id} (not your code): its cases could "
+                                        f"not be built ({why}); your instructor will regrade it"})
+            continue
         # A case with a memory bound keeps its inputs back until the kernel says it starts it.
         withheld = {i for i, c in enumerate(cases) if "peak_bytes" in c.call}
         arrays = {f"c{i}/{k}": v for i, c in enumerate(cases) if i not in withheld for k, v in c.arrays.items()}
@@ -330,6 +354,41 @@ def _record_path(root, folder):
     return os.path.join(root, "verdicts", chapter, f"{student}.jsonl")
 
 
+def _open_channel(conn, root, chan_dir, sel, watches):
+    """Answer one request on the control socket: a kernel launcher (not yet confined) asks for its channel.
+    Who asks is checked before anything is read, and the read has a deadline: a confined kernel that reaches
+    the socket, or any client that sends one byte and waits, never holds the server's loop."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    pid = int.from_bytes(creds[:4], "little")
+    if not _unconfined(pid):
+        return
+    conn.settimeout(2.0)
+    rfile, wfile = conn.makefile("rb"), conn.makefile("wb")
+    req, _ = _wire.recv(rfile)
+    record = _record_path(root, req["open"])
+    if record is not None:
+        chapter = os.path.basename(os.path.dirname(record))
+        forbid = {t: list(f) for t, f in FORBID.items() if t.startswith(chapter + ".") and f}
+        with open(record, "a") as f:               # one line per kernel; grade_class.py starts a run's record
+            f.write(json.dumps({"sandbox": {"landlock_abi": req.get("landlock_abi"),
+                                            "cgroup": bool(req.get("cgroup")),
+                                            "memory_cgroup": bool(req.get("memory_cgroup")),
+                                            "sockets_hidden": req.get("sockets_hidden", []),
+                                            "network": req.get("network")},
+                                "forbid": forbid}) + "\n")
+    memory_cgroup = req.get("memory_cgroup")
+    channel = {"socket": os.path.join(chan_dir, secrets.token_hex(16) + ".sock"),
+               "token": secrets.token_hex(32), "record": record, "memory_cgroup": memory_cgroup}
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(channel["socket"])
+    os.chmod(channel["socket"], 0o666)
+    listener.listen(4)
+    sel.register(listener, selectors.EVENT_READ, channel)
+    watches[pid] = Watch(pid, [req["open"], req["tmp"]], req.get("cgroup"), memory_cgroup)
+    watches[pid].listener = listener
+    _wire.send(wfile, {"socket": channel["socket"], "token": channel["token"]})
+
+
 def serve(control_path, root):
     """The class grader's server: channels on request, one forked child per kernel connection."""
     sel = selectors.DefaultSelector()
@@ -338,7 +397,11 @@ def serve(control_path, root):
     control.bind(control_path)
     control.listen(16)
     sel.register(control, selectors.EVENT_READ, "control")
-    chan_dir = os.path.dirname(control_path)
+    # Channels live in a folder of their own beside the control socket: a kernel's mount namespace shows it
+    # this folder (to reach its channel) and not the control socket.
+    chan_dir = os.path.join(os.path.dirname(control_path), "channels")
+    os.makedirs(chan_dir, mode=0o711, exist_ok=True)
+    os.chmod(chan_dir, 0o711)
     watches = {}
     while True:
         for key, _ in sel.select(timeout=0.25):
@@ -352,36 +415,12 @@ def serve(control_path, root):
                     return
             elif key.data == "control":
                 conn, _ = control.accept()
-                with conn:
-                    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                    pid = int.from_bytes(creds[:4], "little")
-                    rfile, wfile = conn.makefile("rb"), conn.makefile("wb")
-                    req, _ = _wire.recv(rfile)
-                    if not _unconfined(pid):
-                        _wire.send(wfile, {"error": "only a kernel launcher may open a channel"})
-                        continue
-                    record = _record_path(root, req["open"])
-                    if record is not None:
-                        chapter = os.path.basename(os.path.dirname(record))
-                        forbid = {t: list(f) for t, f in FORBID.items() if t.startswith(chapter + ".") and f}
-                        with open(record, "w") as f:               # a new attempt starts a new record
-                            f.write(json.dumps({"sandbox": {"landlock_abi": req.get("landlock_abi"),
-                                                            "cgroup": bool(req.get("cgroup")),
-                                                            "memory_cgroup": bool(req.get("memory_cgroup")),
-                                                            "sockets_hidden": req.get("sockets_hidden", []),
-                                                            "network": req.get("network")},
-                                                "forbid": forbid}) + "\n")
-                    memory_cgroup = req.get("memory_cgroup")
-                    channel = {"socket": os.path.join(chan_dir, secrets.token_hex(16) + ".sock"),
-                               "token": secrets.token_hex(32), "record": record, "memory_cgroup": memory_cgroup}
-                    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    listener.bind(channel["socket"])
-                    os.chmod(channel["socket"], 0o666)
-                    listener.listen(4)
-                    sel.register(listener, selectors.EVENT_READ, channel)
-                    watches[pid] = Watch(pid, [req["open"], req["tmp"]], req.get("cgroup"), memory_cgroup)
-                    watches[pid].listener = listener
-                    _wire.send(wfile, {"socket": channel["socket"], "token": channel["token"]})
+                try:
+                    _open_channel(conn, root, chan_dir, sel, watches)
+                except Exception:               # a client that hangs up, says nothing or says nonsense
+                    pass
+                finally:
+                    conn.close()
             else:
                 conn, _ = key.fileobj.accept()
                 if os.fork() == 0:
