@@ -330,3 +330,31 @@ def test_a_case_builder_that_raises_is_a_grading_error_and_the_session_goes_on(t
         assert any(e.get("grading_error", "").startswith("ZeroDivisionError") for e in entries)
     finally:
         del REGISTRY["ch99.broken"]
+
+
+def test_a_course_draws_its_hidden_cases_with_a_secret_salt_of_its_own(tmp_path, monkeypatch):
+    """Without ATTNCOURSE_GRADING_SALT the grader makes the course's salt once (random, readable by the grader
+    alone) and keeps it: a regrade draws the same cases, another course others."""
+    import stat
+
+    import grade_class
+    monkeypatch.delenv("ATTNCOURSE_GRADING_SALT", raising=False)
+    first = grade_class.course_salt(tmp_path)
+    assert len(first) == 32 and first == grade_class.course_salt(tmp_path)
+    assert stat.S_IMODE((tmp_path / "grading_salt").stat().st_mode) == 0o600
+    other = tmp_path / "other"
+    other.mkdir()
+    assert grade_class.course_salt(other) != first
+    monkeypatch.setenv("ATTNCOURSE_GRADING_SALT", "term-2027")
+    assert grade_class.course_salt(tmp_path) == "term-2027"
+
+
+def test_what_a_submission_prints_during_a_hidden_test_is_not_kept(capsys):
+    """A print of the hidden case's inputs would reach the autograded notebook and the feedback: the test
+    cell shows the verdict alone."""
+    def causal_mask(n, device=None):
+        print("HIDDEN INPUT", n)
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    verdict = autograde.run_hidden_test("ch02.causal_mask", causal_mask)     # what grade() runs
+    out = capsys.readouterr()
+    assert verdict["failures"] == [] and "HIDDEN INPUT" not in out.out + out.err

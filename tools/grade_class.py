@@ -198,6 +198,22 @@ def restore_test_cells(chapter, student, root, source):
     return notes
 
 
+def course_salt(root):
+    """The salt the hidden tests draw their cases with: ATTNCOURSE_GRADING_SALT where set, else the course's
+    own, made once (secret, random) and kept beside the gradebook in ``grading_salt``: a regrade draws the
+    same cases, another course or term draws others, and no kernel sees it (attncourse.sandbox)."""
+    if os.environ.get("ATTNCOURSE_GRADING_SALT"):
+        return os.environ["ATTNCOURSE_GRADING_SALT"]
+    path = Path(root) / "grading_salt"
+    if not path.exists():
+        import secrets
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(16) + "\n")
+        print(f"a fresh grading salt for this course in {path}: keep it with the gradebook (a regrade needs it)")
+    return path.read_text().strip()
+
+
 def shard_of(student, n):
     """1..n, stable across machines and runs (a hash of the student id, not the order of a listing)."""
     return int(hashlib.sha256(student.encode()).hexdigest(), 16) % n + 1
@@ -259,6 +275,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     root = Path(args.root).resolve()
     os.environ["ATTNCOURSE_GRADING_KERNEL"] = "1"           # the salvage runs behave like nbgrader's
+    os.environ["ATTNCOURSE_GRADING_SALT"] = course_salt(root)     # for the grading server (kernels never see it)
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     timeout = int(os.environ.get("ATTNCOURSE_CELL_TIMEOUT", "120"))
     source = nbtools.read(Path(root) / "chapters" / args.chapter / nbtools.chapter_notebook(args.chapter).name)

@@ -291,8 +291,10 @@ def _run_guarded(i, call, arrays, candidate, watch, forbid, test_id):
     noise = io.StringIO()
     try:
         # Warnings and stderr from the submission are kept out of the test cell: nbgrader
-        # scores any stderr in a test cell as a failure, even a harmless warning.
-        with watching(), contextlib.redirect_stderr(noise), warnings.catch_warnings(), \
+        # scores any stderr in a test cell as a failure, even a harmless warning.  So is what it prints:
+        # a print of the hidden case's inputs would reach the autograded notebook and the feedback.
+        with watching(), contextlib.redirect_stderr(noise), contextlib.redirect_stdout(noise), \
+                warnings.catch_warnings(), \
                 forbidding(forbid, test_id.split(".", 1)[-1]):
             warnings.simplefilter("ignore")
             got = _run_case(i, call, arrays, candidate)
