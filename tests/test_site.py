@@ -123,7 +123,7 @@ def test_unchanged_chapters_are_not_executed_again(site):
 def explorer_specs(page_html):
     """[(element id, Plotly JSON)] of the explorers on a built page."""
     import json
-    found = re.findall(r'<figure class="attn-explorer" id="([^"]+)">.*?<script type="application/json" class="attn-spec">'
+    found = re.findall(r'<figure class="attn-explorer" id="([^"]+)"[^>]*>.*?<script type="application/json" class="attn-spec">'
                        r'(.*?)</script>', page_html, flags=re.S)
     return [(i, json.loads(data.replace("<\\/", "</"))) for i, data in found]
 
