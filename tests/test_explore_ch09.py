@@ -3,8 +3,6 @@ bytes, the runs' logged losses), every state has the first state's shape, every 
 of the module (so the catalogue can translate it), and the figures are small."""
 import json
 import math
-import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,29 +10,9 @@ import pytest
 
 from attncourse import explore
 from attncourse.explore import ch09
-from attncourse.i18n import PLACEHOLDER, _parses
 from attncourse_ref.training import lr_at, training_memory
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def controls(spec):
-    """Every slider step and menu button of ``spec``: [(label, method, args)]."""
-    out = []
-    for control in spec["layout"].get("sliders", []) + spec["layout"].get("updatemenus", []):
-        for step in control.get("steps", control.get("buttons", [])):
-            out.append((step["label"], step["method"], step["args"]))
-    return out
-
-
-def labels_from_templates(spec, module):
-    """The reader-visible strings of ``spec`` with English words that no template of ``module`` produces."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import i18n
-    templates = [t for t, _ in i18n.message_templates(Path(module.__file__).read_text())]
-    literals = [[p.replace("{{", "{").replace("}}", "}") for p in PLACEHOLDER.split(t)] for t in templates]
-    return [s for s in explore.strings(spec) if re.search(r"[A-Za-z]{2,}", s)
-            and not any(_parses(s, lit) for lit in literals)]
+from explore_helpers import controls, labels_from_templates
 
 
 STEPS = list(range(1200))           # 9.2's plot

@@ -68,7 +68,9 @@
     const sliders = layout.sliders || [], menus = layout.updatemenus || [];
     delete layout.sliders;
     delete layout.updatemenus;
-    layout.margin = Object.assign({}, layout.margin, {t: Math.min((layout.margin || {}).t || 60, 60)});
+    // The title starts at the left, clear of Plotly's tool bar (top right).
+    if (layout.title) layout.title = Object.assign({}, typeof layout.title === "string" ? {text: layout.title} : layout.title,
+                                                   {x: 0.01, xanchor: "left"});
     const controls = figure.querySelector(".attn-controls");
     Plotly.newPlot(plot, spec.data, layout, {responsive: true, displaylogo: false}).then(() => {
       const title = (layout.title && (layout.title.text || layout.title)) || "";

@@ -121,8 +121,9 @@ def train(model, data, steps, batch_size=32, context=64, lr=3e-3, aux_loss=None,
     after_step(model), if given, runs after each optimiser step under torch.no_grad(), while
     model.router_logits() still holds that step's router logits (DeepSeek-V3's bias update).
     Returns {"step", "val_loss", "train_loss", "tokens_per_s"}: validation loss every
-    ``eval_every`` steps (and at step 0), and training throughput (tokens per second, excluding
-    evaluation).
+    ``eval_every`` steps (and at step 0), and training throughput (tokens per second of the training
+    thread's CPU time, excluding evaluation: on one thread that is the work itself, so a busy machine, which
+    stretches the wall-clock time of whichever run it overlaps, does not reorder the models).
 
     Runs on one CPU thread: with matrices this small a second thread saves little, and on a
     machine whose cores are busy with other work every operation waits for it (measured: 10x
@@ -145,7 +146,7 @@ def _train(model, data, steps, batch_size, context, lr, aux_loss, eval_every, ev
     busy = 0.0
     for step in range(1, steps + 1):
         x, y = data.batch("train", batch_size, context, g)
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         total = loss + aux_loss(model.router_logits()) if aux_loss is not None else loss
         opt.zero_grad(set_to_none=True)
@@ -154,7 +155,7 @@ def _train(model, data, steps, batch_size, context, lr, aux_loss, eval_every, ev
         if after_step is not None:
             with torch.no_grad():
                 after_step(model)
-        busy += time.perf_counter() - t0
+        busy += time.thread_time() - t0
         history["train_loss"].append(loss.item())
         if step % eval_every == 0 or step == steps:
             history["step"].append(step)

@@ -1,7 +1,7 @@
 """Chapter 00's explorers (see attncourse.explore)."""
 import numpy as np
 
-from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider, _softmax, _t  # noqa: F401
+from . import Explorer, _go, _layout, _r, _slider, _softmax, _t
 
 __all__ = ["temperature", "dot_product"]
 
@@ -32,7 +32,7 @@ def dot_product(a_length=1.0, b_length=1.0, angles=None):
     angles = list(range(0, 361, 10) if angles is None else angles)
     go = _go()
     rad = np.radians(angles)
-    dots, coss = _r(a_length * b_length * np.cos(rad)), _r(np.cos(rad))
+    dots = _r(a_length * b_length * np.cos(rad))
     traces, steps = [], []
     for i, th in enumerate(rad):
         b = [b_length * np.cos(th), b_length * np.sin(th)]

@@ -1,7 +1,5 @@
 """Chapter 01's explorers (see attncourse.explore)."""
-import numpy as np
-
-from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider, _softmax, _t  # noqa: F401
+from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider
 
 __all__ = ["alignment", "output_step", "reversal"]
 

@@ -1,7 +1,7 @@
 """Chapter 03's explorers (see attncourse.explore)."""
 import numpy as np
 
-from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider, _softmax  # noqa: F401
+from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider
 
 __all__ = ["heads", "online_softmax", "sliding_window", "ROLES"]
 

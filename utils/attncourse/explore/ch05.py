@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider, _softmax  # noqa: F401
+from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider
 
 __all__ = ["attention", "beam", "KINDS"]
 

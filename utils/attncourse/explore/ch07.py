@@ -1,7 +1,7 @@
 """Chapter 07's explorers (see attncourse.explore)."""
 import numpy as np
 
-from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider, _softmax  # noqa: F401
+from . import Explorer, _go, _layout, _menu, _r, _slider
 
 __all__ = ["vit_attention", "swin_shift"]
 

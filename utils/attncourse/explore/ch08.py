@@ -1,7 +1,7 @@
 """Chapter 08's explorers (see attncourse.explore)."""
 import numpy as np
 
-from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider, _softmax, _t  # noqa: F401
+from . import Explorer, _go, _heatmap, _layout, _r, _slider, _t
 
 __all__ = ["BALANCING", "capacity", "expert_load"]
 
