@@ -17,6 +17,7 @@ import base64
 import functools
 import http.server
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -244,8 +245,9 @@ def search_finds(browser, base, term, page, timeout=20):
 
 def explorers(browser, page, keyboard, shots=None, timeout=20):
     """[problems] of the explorers on the open page: each must be drawn, and moving each of its controls
-    must change what is drawn; with ``keyboard``, the first explorer's first control is reached with Tab
-    and moved with the arrow keys alone.  ``shots``: a folder for a screenshot before and after."""
+    must change what is drawn, and the pointer over the middle of a heat map must show that cell's value;
+    with ``keyboard``, the first explorer's first control is reached with Tab and moved with the arrow keys
+    alone.  ``shots``: a folder for a screenshot before and after."""
     problems, deadline = [], time.time() + timeout
     found = json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))
     while found and not all(e["ready"] for e in found) and time.time() < deadline:
@@ -269,6 +271,24 @@ def explorers(browser, page, keyboard, shots=None, timeout=20):
                 problems.append(f"explorer {e['id']}: moving {control} did not change the figure")
         if shots and n == 0:
             browser.screenshot(Path(shots) / f"{name}-after.png")
+    # Hover: the pointer over the middle of each heat map shows the value of the cell under it.
+    for e in found:
+        if not e["ready"]:
+            continue
+        box = json.loads(browser.evaluate(
+            f"(() => {{ const f = document.getElementById({json.dumps(e['id'])}); f.scrollIntoView({{block: 'center'}});"
+            " const p = f.querySelector('.nsewdrag'); const hm = (f.querySelector('.attn-plot').data || [])"
+            ".some(t => t.type === 'heatmap' && t.visible !== false);"
+            " if (!p || !hm) return 'null'; const r = p.getBoundingClientRect();"
+            " return JSON.stringify({x: r.x + r.width / 2, y: r.y + r.height / 2}); })()"))
+        if box is None:
+            continue
+        browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=box["x"], y=box["y"])
+        time.sleep(0.3)
+        shown = browser.evaluate(f"document.querySelectorAll('#{e['id']} .hoverlayer .hovertext').length")
+        browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=1, y=1)
+        if not shown:
+            problems.append(f"explorer {e['id']}: hovering its heat map shows no value")
     if keyboard and found and found[0]["controls"]:
         e, control = found[0], found[0]["controls"][0]
         # Focus the figure itself (not a control), then Tab to its first control: reachable from the keyboard.
