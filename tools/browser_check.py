@@ -17,7 +17,6 @@ import base64
 import functools
 import http.server
 import json
-import os
 import re
 import shutil
 import subprocess
