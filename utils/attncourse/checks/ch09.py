@@ -183,6 +183,18 @@ def _near(v, stored, dtype):
     return abs(v - want) <= (1e-9 if dtype == torch.float64 else 1e-5) * max(abs(want), 1.0)
 
 
+def _mismatch(what, v, want, dtype):
+    """"WHAT gives V, expected W" with the digits the dtype is held to, and, where the two agree to float32's
+    precision but not float64's, why (computed in float32 from float64 inputs)."""
+    digits = "{:.12g}" if dtype == torch.float64 else "{:.7g}"
+    shown, wanted = digits.format(v), digits.format(want)
+    message = f"{what} gives {shown}, expected {wanted}"
+    if dtype == torch.float64 and abs(v - want) <= 1e-5 * max(abs(want), 1.0):
+        message = (f"{message}; close, but float64 inputs are held to 1e-9: compute in the inputs' dtype "
+                   "(a float32 tensor or constant somewhere lowers the precision)")
+    return message
+
+
 def check_cross_entropy(fn):
     """Check cross_entropy(logits, targets, ignore_index=-100) from scratch: value and gradient, ignored
     positions, and logits so large that exp overflows or the softmax underflows."""
@@ -198,8 +210,8 @@ def check_cross_entropy(fn):
                 fail("your function sums the positions' losses; cross-entropy is their mean (divide by the number "
                      "of positions that count)")
             if not _near(v, p["loss"], dtype):
-                fail(f"{what} gives {v:.6g}, expected {p['loss'][0]:.6g}: the mean over the positions of "
-                     "log(sum(exp(row))) - row[target]")
+                gives = _mismatch(what, v, p["loss"][0], dtype)
+                fail(f"{gives}: the mean over the positions of log(sum(exp(row))) - row[target]")
         dtypes_and_gradients(fn, [tensor(p["logits"]), targets], "cross_entropy(logits [6, 5], targets [6])",
                              grad_args=(0,))
         logits = tensor(p["logits"]).requires_grad_(True)
@@ -228,8 +240,8 @@ def check_cross_entropy(fn):
             fail("your function sums the positions' losses; cross-entropy is their mean (divide by the number "
                  "of positions that count)")
         if not _near(v, m["loss"], torch.float64):
-            fail(f"{what} gives {v:.6g}, expected {m['loss'][0]:.6g}: leave the ignored positions out, then take the "
-                 "mean over the others")
+            gives = _mismatch(what, v, m["loss"][0], torch.float64)
+            fail(f"{gives}: leave the ignored positions out, then take the mean over the others")
         cu = c["custom"]
         what = f"cross_entropy(logits [2, 4, 5], targets [2, 4], ignore_index={cu['ignore_index']})"
         v = _loss_value(call(fn, tensor(m["logits"]), torch.tensor(cu["targets"]), ignore_index=cu["ignore_index"],
@@ -238,7 +250,7 @@ def check_cross_entropy(fn):
             fail(f"with ignore_index={cu['ignore_index']} your function still counts the positions whose target is "
                  f"{cu['ignore_index']}: compare the targets with the ignore_index argument, not with -100")
         if not _near(v, cu["loss"], torch.float64):
-            fail(f"{what} gives {v:.6g}, expected {cu['loss'][0]:.6g}")
+            fail(_mismatch(what, v, cu["loss"][0], torch.float64))
         everything = torch.full_like(targets, -100)
         v = _loss_value(call(fn, tensor(m["logits"]), everything, what="cross_entropy with every target -100"),
                         torch.float64, "cross_entropy with every target -100")
