@@ -257,6 +257,12 @@ def check_cross_entropy(fn):
         if not math.isnan(v):
             fail(f"with every position ignored your loss is {v:.6g}; the mean over no positions is 0 / 0 = NaN, "
                  "which is what F.cross_entropy returns (and what the hidden tests expect)")
+        logits = tensor(m["logits"]).requires_grad_(True)
+        grad, = torch.autograd.grad(call(fn, logits, everything, what="cross_entropy with every target -100"), logits)
+        if not bool((grad == 0).all()):
+            fail("with every position ignored the loss is NaN, but its gradient with respect to the logits must be "
+                 "zero, as F.cross_entropy's is (no position contributes); yours is not. Select the counted "
+                 "positions (losses[keep]) instead of multiplying by a 0/1 mask: in the backward pass 0 * inf is NaN")
         ok("ignored positions left out of the mean (ignore_index=-100 and another); all ignored gives NaN")
 
         for dtype in (torch.float64, torch.float32):
