@@ -358,3 +358,23 @@ def test_what_a_submission_prints_during_a_hidden_test_is_not_kept(capsys):
     verdict = autograde.run_hidden_test("ch02.causal_mask", causal_mask)     # what grade() runs
     out = capsys.readouterr()
     assert verdict["failures"] == [] and "HIDDEN INPUT" not in out.out + out.err
+
+
+def test_the_class_server_builds_each_hidden_tests_cases_once(tmp_path):
+    """Cases depend on the test and the salt alone: the class server keeps them for the run's later kernels
+    (chapter 05's builders took seconds per student), and what it keeps is what a build gives."""
+    from attncourse_ref.grading import REGISTRY
+    from attncourse_ref.grading import __main__ as server
+    server.load_chapters()
+    calls = []
+    original = REGISTRY["ch02.causal_mask"]
+    REGISTRY["ch02.causal_mask"] = lambda rng: calls.append(1) or original(rng)
+    server.CASE_CACHE = str(tmp_path)
+    try:
+        first, second = server.build_cases("ch02.causal_mask"), server.build_cases("ch02.causal_mask")
+    finally:
+        REGISTRY["ch02.causal_mask"], server.CASE_CACHE = original, None
+    assert len(calls) == 1
+    assert [c.call for c in first] == [c.call for c in second]
+    for a, b in zip(first, second):
+        assert a.arrays.keys() == b.arrays.keys() and all(np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays)

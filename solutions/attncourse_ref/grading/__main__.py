@@ -182,11 +182,42 @@ def _first_request(record, test_id):
         fcntl.flock(record.fileno(), fcntl.LOCK_UN)
 
 
+CASE_CACHE = None    # serve() sets it: a folder of the grader's where each hidden test's built cases are kept
+
+
+def build_cases(test_id):
+    """The hidden test's cases (inputs and the reference's answers), drawn with the test's seed.  They depend on
+    the test and the salt alone, so the class server builds each once per run and keeps it in CASE_CACHE for
+    every later kernel (a forked child each): chapter 05's builders take seconds per student otherwise.  The
+    folder is the grader's own (its private folder, out of every kernel's reach)."""
+    import pickle
+
+    import numpy as np
+    import torch
+    seed = seed_for(test_id)
+    path = os.path.join(CASE_CACHE, f"{test_id}.{seed}.pickle") if CASE_CACHE else None
+    if path and os.path.exists(path):
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        except Exception:               # half written by a child that died, or unreadable: build again
+            pass
+    torch.manual_seed(seed)
+    cases = REGISTRY[test_id](np.random.default_rng(seed))
+    if path:
+        try:
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "wb") as f:
+                pickle.dump(cases, f)
+            os.replace(tmp, path)        # whole or not at all, as several children may build at once
+        except Exception:               # a case that does not pickle is simply built again next time
+            pass
+    return cases
+
+
 def session(rfile, wfile, peer_pid=None, record=None, memory_cgroup=None):
     """Serve one kernel until it hangs up.  ``record``: a file object each verdict is appended to;
     ``memory_cgroup``: the kernel's, where its launcher made one (memory is then measured for it whole)."""
-    import numpy as np
-    import torch
     while True:
         try:
             req, _ = _wire.recv(rfile)
@@ -207,10 +238,8 @@ def session(rfile, wfile, peer_pid=None, record=None, memory_cgroup=None):
             if earlier is not None:            # an earlier kernel of this run was answered: that verdict stands
                 _wire.send(wfile, {"replay": earlier})
                 continue
-        seed = seed_for(test_id)
-        torch.manual_seed(seed)
         try:
-            cases = REGISTRY[test_id](np.random.default_rng(seed))
+            cases = build_cases(test_id)
         except Exception as exc:        # the grader's fault, not the student's: say so, and serve the next test
             why = f"{type(exc).__name__}: {exc}"
             if record is not None:
@@ -402,6 +431,9 @@ def serve(control_path, root):
     chan_dir = os.path.join(os.path.dirname(control_path), "channels")
     os.makedirs(chan_dir, mode=0o711, exist_ok=True)
     os.chmod(chan_dir, 0o711)
+    global CASE_CACHE
+    CASE_CACHE = os.path.join(os.path.dirname(control_path), "cases")
+    os.makedirs(CASE_CACHE, mode=0o700, exist_ok=True)
     watches = {}
     while True:
         for key, _ in sel.select(timeout=0.25):
@@ -412,6 +444,7 @@ def serve(control_path, root):
                         if not watches:
                             break
                         time.sleep(0.25)
+                    shutil.rmtree(CASE_CACHE, ignore_errors=True)
                     return
             elif key.data == "control":
                 conn, _ = control.accept()
