@@ -14,10 +14,11 @@ ifeq ($(filter command line,$(origin LANG)),command line)
 override LANG := C.UTF-8
 endif
 
-.PHONY: help env site test test-fast translations release autograde feedback grades collect-zip validate benchmark clean
+.PHONY: help env site publish test test-fast translations release autograde feedback grades collect-zip validate benchmark clean
 
 help:
 	@echo "make site        build the website into _build/html (creates .venv if missing)"
+	@echo "make publish     the public tree -> public/ (site, student notebooks, utils, binder, README, licences; no answer)"
 	@echo "make test        run the whole maintainers' test suite (creates .venv if missing)"
 	@echo "make test CH=ch05  one chapter's slice: reference, zoo, explorers, translations, fake class"
 	@echo "make test-fast   the suite without the nbgrader round trip and the site build"
@@ -53,6 +54,10 @@ $(AXE): tools/axe/package.json tools/axe/package-lock.json
 
 site: $(STAMP)
 	$(BIN)/python tools/build_site.py
+
+# The public tree (public/): site, student notebooks, learner package, binder recipe, README, licences; no answer.
+publish: site
+	$(BIN)/python tools/publish.py
 
 # `make test CH=ch05`: one chapter's slice (its reference, zoo, explorers, translations and fake class); the
 # site is built only by the whole suite.  Only a CH given on make's command line slices (CH defaults to ch02).

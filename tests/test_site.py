@@ -197,3 +197,34 @@ def test_what_the_prose_says_about_a_run_is_what_the_run_printed(site):
             if not holds:
                 wrong.append(f"{chapter}: the run no longer backs {claim.says!r}; its output:\n{out[-1500:]}")
     assert not wrong, "\n\n".join(wrong)
+
+
+def test_the_public_tree_carries_no_answer(site, tmp_path):
+    """`make publish`: the site, the student notebooks in both languages, the learner package, the binder recipe,
+    the README and the licences, and nothing an answer could be read from; and the check finds a pasted reference
+    body, a solution region and a private file where they should not be."""
+    import textwrap
+
+    import publish
+    out = publish.publish(tmp_path / "public")
+    assert sorted(p.name for p in out.iterdir()) == sorted(publish.FILES + publish.FOLDERS + ["notebooks", "site"])
+    for page in toc_pages():
+        chapter, name = page.split("/")[1:]
+        for edition in ("", "zh/"):
+            nb = nbtools.read(out / "notebooks" / edition / chapter / f"{name}.ipynb")
+            assert any("NotImplementedError" in c.source for c in nb.cells), f"{edition}{chapter}: not a student version"
+    assert (out / "site" / "index.html").exists() and (out / "utils" / "attncourse" / "explore" / "__init__.py").exists()
+    assert publish.answers(out) == []
+    # The check can fail: a copy of a reference body, a solution region and a course's salt, in a small tree.
+    planted = tmp_path / "planted"
+    (planted / "utils").mkdir(parents=True)
+    body = nbtools.function_body(nbtools.reference_object(
+        "from attncourse_ref.attention import scaled_dot_product_attention as reference"))
+    (planted / "utils" / "helpers.py").write_text("def attend(q, k, v, mask=None):\n" + textwrap.indent(body, "    "))
+    (planted / "notes.md").write_text("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n")
+    (planted / "grading_salt").write_text("abc\n")
+    found = {}
+    for f, what in publish.answers(planted):
+        found.setdefault(str(f), []).append(what)
+    assert "the reference body of ch02's sdpa" in found["utils/helpers.py"]
+    assert "the marker '### BEGIN SOLUTION'" in found["notes.md"] and found["grading_salt"] == ["a private file or folder"]

@@ -84,8 +84,9 @@ class TinyLM(nn.Module):
 
     def forward(self, ids):
         n = ids.shape[1]
-        # nn.MultiheadAttention's bool mask is True where attention is NOT allowed: the future.
-        blocked = torch.ones(n, n, dtype=torch.bool, device=ids.device).triu(1)
+        # nn.MultiheadAttention's bool mask is True where attention is NOT allowed: the future.  PyTorch's own
+        # helper makes it (its -inf entries), so the learner package does not spell out chapter 02's exercise.
+        blocked = nn.Transformer.generate_square_subsequent_mask(n, device=ids.device).isinf()
         x = self.tok(ids) + self.pos(torch.arange(n, device=ids.device))
         for block in self.blocks:
             x = block(x, src_mask=blocked, is_causal=True)
