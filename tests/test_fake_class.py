@@ -81,6 +81,10 @@ def copy_paste_student(root, chapter):
 def check_ch02_extras(root, report):
     lines = {line.split()[0]: line for line in report.splitlines() if line.strip()}
     assert "repeats the grade id" in lines["copy-paste"] and lines["copy-paste"].startswith("copy-paste")
+    # The fake students paste the reference's bodies: the similarity report lists them against it.
+    copies = list(csv.DictReader(open(root / "similarity_ch02.csv")))
+    assert {"correct", "(reference)"} <= {v for row in copies for v in (row["student"], row["similar to"])}
+    assert "near-copies (similarity_ch02.csv)" in report
     assert "unreadable notebook" in lines["broken-json"]
     assert "no attention.ipynb" in lines["misnamed"]
     assert "graded after disabling equivariance_gap" in lines["killer"]

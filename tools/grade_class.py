@@ -36,6 +36,7 @@ from nbclient.exceptions import DeadKernelError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbtools  # noqa: E402
 import confinement  # noqa: E402
+import similarity  # noqa: E402
 
 DISABLED = ('raise RuntimeError("The grader disabled this cell: running it killed the Python kernel '
             '(os._exit, a crash or running out of memory), which would have lost the grades of the whole notebook.")')
@@ -364,6 +365,12 @@ def main(argv=None):
           f"({batch / max(len(ok), 1):.1f} s each in the class run)")
     if flagged:
         print(f"\n{len(flagged)} suspicious line(s) listed in {audit_path}: read them before releasing grades.")
+    # Near-copies of the reference and between classmates, over the whole class (tools/similarity.py).
+    copies = similarity.report(args.chapter, root)
+    if copies:
+        print(f"\n{len(copies)} near-copies (similarity_{args.chapter}.csv), to read before releasing grades:")
+        for gid, who, whom, share in copies[:20]:
+            print(f"  {gid}: {who} ~ {whom} ({share:.0%} of the shorter solution's fingerprints shared)")
     return 0
 
 
