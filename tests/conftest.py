@@ -48,3 +48,21 @@ def pytest_collection_modifyitems(config, items):
                          for m in item.iter_markers("xdist_group")})
         if groups and not item.nodeid.endswith("@" + "_".join(groups)):
             item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
+
+
+# The cost of every test, for `make benchmark` (each chapter's test cost against its budget): collected where
+# the reports arrive (the controller under xdist) and written once the session ends.
+_DURATIONS = {}
+
+
+def pytest_runtest_logreport(report):
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput") or not _DURATIONS:
+        return                                  # a worker: the controller writes the whole run's
+    import json
+    out = ROOT / "_build" / "test-durations.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"exitstatus": int(exitstatus), "durations": _DURATIONS}, indent=0))

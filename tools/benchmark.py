@@ -14,7 +14,8 @@ Per chapter it prints
 and the whole course's run time against its 6-minute budget.  Where the site is built (`make site`), it
 then prints each chapter page's weight in both editions: the page's own bytes, its explorers' data
 (figures and still images; budget 1 MB) and the plotting library's script that pages with explorers load
-once and the browser caches (`--pages` prints only this).  It is a measurement, not a test: it never
+once and the browser caches; and each chapter's share of the last `make test` (its tests and its fake class,
+against a budget of 240 s), read from _build/test-durations.json (`--pages` prints only these two).  It is a measurement, not a test: it never
 fails, it reports.
 """
 import argparse
@@ -126,6 +127,32 @@ def page_weights():
               f"explorers.js {(HTML / '_static' / 'explorers.js').stat().st_size:,} bytes")
 
 
+# Each chapter's share of `make test` (its reference, zoo, explorer and translation tests and its fake class):
+# a chapter whose tests pass this is seen the day it lands (the whole suite's target is 12 minutes on 2 cores).
+CHAPTER_TEST_BUDGET = 240
+
+
+def test_costs():
+    """Each chapter's test cost in the last `make test` run (_build/test-durations.json), against its budget."""
+    import json
+    import re
+    path = nbtools.ROOT / "_build" / "test-durations.json"
+    if not path.exists():
+        print("\ntest costs: no record of a test run (run `make test`)")
+        return
+    durations = json.loads(path.read_text())["durations"]
+    print(f"\n{'chapter':<8} {'tests':>7} {'fake class':>11} {'all':>8} {'budget':>7}  verdict   (last make test)")
+    for ch in nbtools.chapters():
+        mine = {k: v for k, v in durations.items() if re.search(rf"(?<![0-9]){ch}(?![0-9])", k)}
+        fake = sum(v for k, v in mine.items() if "test_fake_class" in k)
+        total = sum(mine.values())
+        print(f"{ch:<8} {total - fake:6.1f}s {fake:10.1f}s {total:7.1f}s {CHAPTER_TEST_BUDGET:6d}s  "
+              f"{'within budget' if total <= CHAPTER_TEST_BUDGET else 'OVER BUDGET'}")
+    rest = sum(v for k, v in durations.items() if not re.search(r"ch0\d", k))
+    print(f"{'other':<8} {rest:6.1f}s (the site and browser check, attacks, scale, exchange, ...); "
+          f"all tests: {sum(durations.values()):.0f} s of work")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("chapters", nargs="*")
@@ -137,6 +164,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.pages:
         page_weights()
+        test_costs()
         return
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     if args.class_size:
@@ -168,6 +196,7 @@ def main(argv=None):
     print(f"(grade = seconds each further student adds to one autograde run of {args.students} correct "
           f"submissions; start = that run's fixed start-up; {os.cpu_count()} CPU cores)")
     page_weights()
+    test_costs()
 
 
 if __name__ == "__main__":
