@@ -338,9 +338,12 @@ def confine(connection_file, cgroups=None):
     if ipc:
         keep.append(os.path.dirname(os.path.abspath(info["ip"])))
     _private_home(tmp)                             # before the mounts: it copies the grader's font cache from /tmp
+    # Connected before the mounts hide the control socket (a connected socket outlives its path's mount), and
+    # the request sent after them, with what they hid.
+    control_socket = _connect_control()
     report["socket_folders_hidden"] = _private_mounts(keep)
     os.chdir(cwd)                                  # through the mount that stays visible
-    open_channel(tmp, cgroups or {}, report)
+    open_channel(tmp, cgroups or {}, report, control_socket)
     ports = None if private_net else \
         [] if ipc else [int(info[k]) for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port") if info.get(k)]
     _limits(report, cgroups or {})
@@ -363,20 +366,29 @@ def confine(connection_file, cgroups=None):
     return conn, report
 
 
-def open_channel(tmp, cgroups, report):
+def _connect_control():
+    """A connection to the class grader's control socket (ATTNCOURSE_GRADER_CONTROL, removed from the
+    environment), or None outside a class run."""
+    control = os.environ.pop("ATTNCOURSE_GRADER_CONTROL", None)
+    if not control:
+        return None
+    import socket
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(control)
+    return sock
+
+
+def open_channel(tmp, cgroups, report, sock):
     """Ask the class grader's server for this kernel's grading channel (before confinement).
 
     The server answers only unconfined callers (it checks NoNewPrivs of the connecting process),
     so a confined kernel cannot ask for a channel in a classmate's name.  The server records
     verdicts for the student whose folder this kernel was started in.
     """
-    control = os.environ.pop("ATTNCOURSE_GRADER_CONTROL", None)
-    if not control:
+    if sock is None:
         return
-    import socket
     from . import _wire
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.connect(control)
+    with sock:
         rfile, wfile = sock.makefile("rb"), sock.makefile("wb")
         _wire.send(wfile, {"open": os.getcwd(), "tmp": tmp, "cgroup": cgroups.get("pids"),
                            "memory_cgroup": cgroups.get("memory"), "landlock_abi": landlock_abi(),

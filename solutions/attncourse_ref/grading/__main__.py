@@ -385,13 +385,13 @@ def _record_path(root, folder):
 
 def _open_channel(conn, root, chan_dir, sel, watches):
     """Answer one request on the control socket: a kernel launcher (not yet confined) asks for its channel.
-    Who asks is checked before anything is read, and the read has a deadline: a confined kernel that reaches
-    the socket, or any client that sends one byte and waits, never holds the server's loop."""
+    Who asks is checked before anything is read (a confined process is hung up on at once), and the read has a
+    deadline: a client that sends one byte and waits never holds the server's loop for long."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     pid = int.from_bytes(creds[:4], "little")
     if not _unconfined(pid):
         return
-    conn.settimeout(2.0)
+    conn.settimeout(10.0)             # the launcher connects, makes its mounts, then asks: milliseconds
     rfile, wfile = conn.makefile("rb"), conn.makefile("wb")
     req, _ = _wire.recv(rfile)
     record = _record_path(root, req["open"])
