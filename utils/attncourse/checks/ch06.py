@@ -885,8 +885,8 @@ def check_speculative_step(fn):
     two = second != PAD                                  # rows where the draft token was accepted (+ bonus)
     ended = ~two
     if not bool(two.any()) and bool((first == 1).any()):
-        fail("no row has a bonus token: when every draft token is accepted, add one more token drawn from p_k "
-             "(target_probs[..., k, :]); a step always adds one token of its own")
+        fail("no row has a bonus token: when every draft token is accepted, add one more token drawn from p_(k+1) "
+             "(target_probs[..., k, :], the last row); a step always adds one token of its own")
     if bool((first[two] != 1).any()):
         fail("a row with two tokens must start with the accepted draft token (1 here)")
     if bool((first[ended] >= 2).any()):
@@ -922,4 +922,4 @@ def check_speculative_step(fn):
     single = call(fn, pc[0], qc[0], xc[0], torch.Generator().manual_seed(0), what="speculative_step without a batch axis")
     expect_tensor(single, "the result for one sequence (p [4, 6], q [3, 6], x [3])", shape=(4,), dtype=torch.long)
     ok(f"speculative_step: accepted {share:.0%} where min(1, p / q) = 50%, corrections from max(0, p - q), bonus from "
-       "p_k, reproducible")
+       "p_(k+1), reproducible")
