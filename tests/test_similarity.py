@@ -34,10 +34,13 @@ HONEST_B = '''def scaled_dot_product_attention(q, k, v, mask=None):
 '''
 
 
-def test_pasted_and_renamed_copies_are_listed_and_honest_solutions_are_not():
+def test_pasted_and_renamed_copies_are_listed_and_honest_solutions_are_not(monkeypatch):
     import nbtools
     source = nbtools.read(nbtools.chapter_notebook("ch02"))
+    # as in the class grader, where the reference package refuses to be imported: its source is read, not run
+    monkeypatch.setenv("ATTNCOURSE_GRADING_KERNEL", "1")
     references = similarity.reference_sources(source)
+    assert set(references) == {"sdpa", "causal_mask", "self_attention", "cross_attention", "equivariance_gap"}
     pasted = "def scaled_dot_product_attention(q, k, v, mask=None):\n" + "\n".join(
         "    " + line for line in references["sdpa"].splitlines())
     submissions = {"ana": {"sdpa": HONEST_A}, "ben": {"sdpa": RENAMED}, "chen": {"sdpa": HONEST_B},
