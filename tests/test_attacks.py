@@ -400,11 +400,13 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
         assert f"graded after disabling {TARGET}" in lines[killer], lines[killer]
     # The jammer reached no control socket, and its sleeping child did not hold the class: the run ended long
     # before the child's 900 s (a jam held it for the cell timeout of every later kernel: 601-671 s here).
-    assert "reached" not in (root / "autograded" / "jam" / CH / name).read_text()
+    jammed = nbtools.read(root / "autograded" / "jam" / CH / name)
+    printed = "".join(o.get("text", "") for c in jammed.cells if c.cell_type == "code" for o in c.outputs)
+    assert "reached" not in printed, printed
     assert took < 600, f"the class run took {took:.0f} s"
     assert "graded after disabling" in lines["salvage-retry"], lines["salvage-retry"]
     # The environment printer ran (its output is in its notebook) but saw none of the grader's secrets.
-    printed = (root / "autograded" / "environment" / CH / name).read_text()
+    printed = (root / "autograded" / "environment" / CH / name).read_text()     # outputs and all
     assert "ATTNCOURSE_GRADING_KERNEL" in printed and CANARY not in printed
     # No kernel or forked child outlives the class run.
     leftovers = subprocess.run(["pgrep", "-f", "attncourse.sandbox|ipykernel_launcher"], capture_output=True, text=True)

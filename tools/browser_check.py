@@ -244,7 +244,7 @@ def search_finds(browser, base, term, page, timeout=20):
 
 def explorers(browser, page, keyboard, shots=None, timeout=20):
     """[problems] of the explorers on the open page: each must be drawn, and moving each of its controls
-    must change what is drawn, and the pointer over the middle of a heat map must show that cell's value;
+    must change what is drawn, and the pointer over a heat map must show the value of a cell;
     with ``keyboard``, the first explorer's first control is reached with Tab and moved with the arrow keys
     alone.  ``shots``: a folder for a screenshot before and after."""
     problems, deadline = [], time.time() + timeout
@@ -270,21 +270,28 @@ def explorers(browser, page, keyboard, shots=None, timeout=20):
                 problems.append(f"explorer {e['id']}: moving {control} did not change the figure")
         if shots and n == 0:
             browser.screenshot(Path(shots) / f"{name}-after.png")
-    # Hover: the pointer over the middle of each heat map shows the value of the cell under it.
+    # Hover: the pointer over a heat map shows the value of the cell under it (tried at points of a 5 x 5 grid
+    # over the heat map's own subplot, as some cells may hold no value).
     for e in found:
         if not e["ready"]:
             continue
         box = json.loads(browser.evaluate(
             f"(() => {{ const f = document.getElementById({json.dumps(e['id'])}); f.scrollIntoView({{block: 'center'}});"
-            " const p = f.querySelector('.nsewdrag'); const hm = (f.querySelector('.attn-plot').data || [])"
-            ".some(t => t.type === 'heatmap' && t.visible !== false);"
-            " if (!p || !hm) return 'null'; const r = p.getBoundingClientRect();"
-            " return JSON.stringify({x: r.x + r.width / 2, y: r.y + r.height / 2}); })()"))
+            " const t = (f.querySelector('.attn-plot').data || []).find(t => t.type === 'heatmap' && t.visible !== false);"
+            " if (!t) return 'null';"
+            " const sub = (t.xaxis || 'x') + (t.yaxis || 'y');"
+            " const p = f.querySelector(`.nsewdrag[data-subplot='${sub}']`) || f.querySelector('.nsewdrag');"
+            " const r = p.getBoundingClientRect();"
+            " return JSON.stringify({x: r.x, y: r.y, w: r.width, h: r.height}); })()"))
         if box is None:
             continue
-        browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=box["x"], y=box["y"])
-        time.sleep(0.3)
-        shown = browser.evaluate(f"document.querySelectorAll('#{e['id']} .hoverlayer .hovertext').length")
+        shown = 0
+        for fx, fy in [(0.5, 0.5)] + [(x / 6, y / 6) for x in range(1, 6) for y in range(1, 6)]:
+            browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=box["x"] + fx * box["w"], y=box["y"] + fy * box["h"])
+            time.sleep(0.15)
+            shown = browser.evaluate(f"document.querySelectorAll('#{e['id']} .hoverlayer .hovertext').length")
+            if shown:
+                break
         browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=1, y=1)
         if not shown:
             problems.append(f"explorer {e['id']}: hovering its heat map shows no value")
