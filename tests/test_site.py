@@ -1,4 +1,5 @@
 """The built website: chapter pages with stubs and expected outputs, math, glossary, no solutions."""
+import html as html_module
 import os
 import re
 import subprocess
@@ -152,6 +153,41 @@ def test_every_chapter_page_has_explorers_in_both_editions(site):
             assert data + stills <= 1_000_000, f"{page}: {data + stills:,} bytes of explorer data"
     assert total >= 20
     assert "plotly.min.js" not in (HTML / "intro.html").read_text()       # loaded only where it is used
+
+
+def test_every_figure_says_what_it_shows_in_both_editions(site):
+    """Every image on a chapter page has alternative text that describes it (a sentence from the notebook
+    cell's ``mystnb.image.alt``, not the file name myst-nb falls back to), in the page's language."""
+    for page in [p for p in toc_pages() if p.startswith("site/")]:
+        for lang, html in (("en", (HTML / f"{page}.html").read_text()), ("zh", (HTML / "zh" / f"{page}.html").read_text())):
+            images = [i for i in re.findall(r"<img\b[^>]*>", html) if "logo" not in i]
+            assert len(images) >= 2, f"{page} ({lang}): {len(images)} figure(s)"
+            for tag in images:
+                alt = html_module.unescape(re.search(r'alt="([^"]*)"', tag).group(1))
+                long_enough = len(alt) >= (40 if lang == "en" else 12)          # Chinese says as much in fewer characters
+                assert long_enough and not re.search(r"\.(png|jpe?g|svg)$", alt), f"{page} ({lang}): alt {alt!r}"
+                if lang == "zh":
+                    assert re.search(r"[\u4e00-\u9fff]", alt), f"{page}: alt text not in Chinese: {alt!r}"
+
+
+def test_an_edit_to_the_prose_reuses_the_executed_outputs(site, tmp_path, monkeypatch):
+    """The cache is keyed by the code: a changed paragraph or figure description shows at once, without
+    executing the notebook again; a changed code cell is executed again."""
+    import build_site
+    nb = nbtools.read(nbtools.chapter_notebook("ch02"))
+    prose = next(c for c in nb.cells if c.cell_type == "markdown")
+    prose.source += "\n\nA sentence added by the test."
+    edited = nbtools.write(nb, tmp_path / "attention.ipynb")
+    monkeypatch.setattr(nbtools, "chapter_notebook", lambda chapter: edited)
+    monkeypatch.setattr(nbtools, "execute", lambda *a, **k: pytest.fail("executed again after a prose edit"))
+    out = build_site.execute("ch02")
+    assert "A sentence added by the test." in next(c for c in out.cells if c.id == prose.id).source
+    assert sum(len(c.outputs) for c in out.cells if c.cell_type == "code") > 10
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.source += "\n# a changed line"
+    nbtools.write(nb, edited)
+    with pytest.raises(pytest.fail.Exception, match="executed again"):
+        build_site.execute("ch02")
 
 
 def test_every_page_works_in_a_browser(site, tmp_path):

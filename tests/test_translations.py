@@ -132,6 +132,22 @@ def test_an_english_edit_marks_its_translation_stale_and_the_page_shows_the_engl
     assert others and all(u.rstrip("\n") not in text for u in others)  # the rest stays Chinese
 
 
+def test_figure_descriptions_are_catalogued_and_translated():
+    """A figure's alternative text (the code cell's ``mystnb.image.alt``) is a unit of its chapter's catalogue,
+    and the Chinese notebook carries its translation; the code, outputs and other metadata stay."""
+    nb = nbtools.read(nbtools.chapter_notebook("ch02"))
+    described = [c for c in nb.cells if i18n.figure_alt(c)]
+    assert len(described) >= 2
+    units = dict(i18n.source("ch02").units())
+    assert all(units[i18n.figure_alt(c)].endswith(f"#{c.id}:alt") for c in described)
+    chinese = {c.id: c for c in i18n.translate_notebook(nb, "ch02").cells}
+    for cell in described:
+        zh = chinese[cell.id]
+        assert zh.source == cell.source and zh.metadata["mystnb"]["image"]["alt"] == i18n.translations("ch02")[i18n.figure_alt(cell)]
+        assert re.search(r"[\u4e00-\u9fff]", i18n.figure_alt(zh))
+    assert i18n.figure_alt(described[0]) != i18n.figure_alt(chinese[described[0].id])   # the English stays untouched
+
+
 def test_a_new_paragraph_is_missing_and_a_removed_one_goes(scratch):
     nb = nbtools.read(scratch.path)
     nb.cells.insert(3, nbformat.v4.new_markdown_cell("A brand new paragraph about heads."))
@@ -187,7 +203,8 @@ def test_a_chinese_release_has_the_same_cells_grade_ids_and_tests():
     del chinese.cells[language[0]]
     assert [c.cell_type for c in chinese.cells] == [c.cell_type for c in english.cells]
     for en, zh in zip(english.cells, chinese.cells):
-        assert en.metadata == zh.metadata
+        assert en.metadata.get("nbgrader") == zh.metadata.get("nbgrader")
+        assert {**en.metadata, "mystnb": None} == {**zh.metadata, "mystnb": None}   # only a figure's description differs
         if en.cell_type == "code":
             assert en.source == zh.source
     changed = [zh for en, zh in zip(english.cells, chinese.cells) if en.source != zh.source]

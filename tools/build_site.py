@@ -2,7 +2,8 @@
 
 1. For every chapter, execute the instructor notebook with the reference solutions (hidden
    tests removed first), unless an executed copy for the same inputs is cached in
-   _build/nbcache/ (the key hashes the notebook and the utils/ and solutions/ packages).
+   _build/nbcache/ (the key hashes the notebook's code cells and the utils/ and solutions/ packages:
+   an edit to the prose reuses the outputs).
 2. Strip the solutions from the executed copy, keeping its outputs, into site/<chapter>/.
 3. Run Jupyter Book on the repository (execution off) into _build/html.
 4. The Chinese edition: translate the Markdown of those same executed copies and of the pages with
@@ -40,8 +41,13 @@ ZH_HTML = HTML / "zh"
 LEAKS = ["BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "attncourse_ref", "attncourse.autograde"]
 
 
-def inputs_hash(nb_path):
-    h = hashlib.sha256(nb_path.read_bytes())
+def inputs_hash(nb):
+    """What the executed outputs depend on: the code cells (ids and sources) and the utils/ and solutions/
+    packages.  Prose and metadata are not in it: editing them reuses the outputs (see ``execute``)."""
+    h = hashlib.sha256()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            h.update(json.dumps([cell.get("id"), cell.source]).encode())
     for pkg in (ROOT / "utils" / "attncourse", ROOT / "solutions" / "attncourse_ref"):
         for f in sorted(pkg.rglob("*")):
             if f.is_file() and "__pycache__" not in f.parts:
@@ -51,13 +57,18 @@ def inputs_hash(nb_path):
 
 
 def execute(chapter):
-    """The executed instructor notebook (solutions in, hidden tests out), from cache if possible."""
+    """The executed instructor notebook (solutions in, hidden tests out), from cache if possible: the cache
+    holds the outputs of the same code, which are put into the current notebook, prose and metadata as now."""
     src = nbtools.chapter_notebook(chapter)
-    cached = CACHE / chapter / f"{inputs_hash(src)}.ipynb"
+    nb = nbtools.strip_hidden_tests(nbtools.read(src))
+    cached = CACHE / chapter / f"{inputs_hash(nb)}.ipynb"
     if cached.exists():
         print(f"{chapter}: unchanged, using {cached.relative_to(ROOT)}")
-        return nbtools.read(cached)
-    nb = nbtools.strip_hidden_tests(nbtools.read(src))
+        outputs = {c.id: c for c in nbtools.read(cached).cells if c.cell_type == "code"}
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = outputs[cell.id].outputs, outputs[cell.id].execution_count
+        return nb
     t0 = time.perf_counter()
     nbtools.execute(nb, src.parent)
     errors = [(i, o.ename, o.evalue) for i, c in enumerate(nb.cells) if c.cell_type == "code"

@@ -141,8 +141,14 @@ class Source:
         """[(location, Markdown text)] in source order."""
         if self.path.suffix == ".ipynb":
             nb = nbformat.read(str(self.path), as_version=4)
-            return [(f"{self.path.name}#{c.get('id', i)}", c.source)
-                    for i, c in enumerate(nb.cells) if c.cell_type == "markdown"]
+            texts = []
+            for i, c in enumerate(nb.cells):
+                where = f"{self.path.name}#{c.get('id', i)}"
+                if c.cell_type == "markdown":
+                    texts.append((where, c.source))
+                elif figure_alt(c):
+                    texts.append((where + ":alt", figure_alt(c)))
+            return texts
         if self.name == "book":
             return [(p.name, t) for p, t in _book_strings()]
         text = self.path.read_text(encoding="utf-8")
@@ -158,6 +164,12 @@ class Source:
                 if translatable:
                     seen.setdefault(_msgid(unit), location)
         return list(seen.items())
+
+
+def figure_alt(cell):
+    """The alternative text of a code cell's figure, which the site gives its image (myst-nb reads the
+    cell's ``mystnb.image.alt``): a sentence that says what the figure shows, for readers who cannot see it."""
+    return cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt", "")
 
 
 def _book_strings():
@@ -373,13 +385,16 @@ LANGUAGE_CELL = ('import attncourse\n'
 
 
 def translate_notebook(nb, name):
-    """A copy of ``nb`` with its Markdown cells in Chinese (code cells, outputs and metadata untouched),
-    and, before its first code cell (after the set-up cell), one cell that sets the course's messages to Chinese."""
+    """A copy of ``nb`` with its Markdown cells and its figures' alternative text in Chinese (code cells and
+    outputs untouched), and, before its first code cell (after the set-up cell), one cell that sets the
+    course's messages to Chinese."""
     table = translations(name)
     nb = nbformat.from_dict(nb)
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = translate_text(cell.source, table.get)
+        elif figure_alt(cell):
+            cell.metadata["mystnb"]["image"]["alt"] = translate_text(figure_alt(cell), table.get)
     if not any(c.get("id") == "attncourse-language" for c in nb.cells):
         # after the set-up cell (tools/setup_cell.py), which installs attncourse where it is missing
         first_code = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.get("id") != "attncourse-setup"),
