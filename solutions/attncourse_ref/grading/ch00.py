@@ -105,7 +105,8 @@ def known_table(rng, noise=0.05, dtype=torch.float64):
     """Words built from meaning directions, so analogies have known answers.
 
     Every word = its concept's direction + its gender's direction (+ a little noise), then
-    stretched by a random length: directions carry the meaning, lengths carry nothing.
+    stretched by a random length: directions carry the meaning, lengths carry nothing.  Filler words
+    are made of the directions left over, so every analogy's answer is its concept's other word.
     Returns (words, table [V, D]).
     """
     concepts = ["parent", "child", "sibling", "royal", "spouse", "noble", "servant", "person"]
@@ -121,10 +122,13 @@ def known_table(rng, noise=0.05, dtype=torch.float64):
         for g in (0, 1):
             words.append(pairs[c][g])
             rows.append(concept_vec[c] + gender_vec[g] + noise * rng.standard_normal(d))
-    for j in range(6):                         # unrelated filler words
-        words.append(f"word{j}")
-        rows.append(rng.standard_normal(d) * 1.5)
-    table = np.array(rows) * rng.uniform(0.3, 4.0, (len(rows), 1))
+    unused = basis[len(concepts) + 1:]          # directions no concept or gender uses
+    for j in range(6):                         # unrelated filler words: made of the unused directions, so that
+        words.append(f"word{j}")               # no draw puts one nearer an analogy's answer than the answer
+        rows.append(rng.standard_normal(len(unused)) @ unused * 1.5 + noise * rng.standard_normal(d))
+    # lengths within a factor of 4 of each other: a wider spread lets one word's length outweigh the others'
+    # meaning in a - b + c, and the known answer would no longer be the nearest word for every draw
+    table = np.array(rows) * rng.uniform(0.5, 2.0, (len(rows), 1))
     return words, torch.from_numpy(table).to(dtype)
 
 

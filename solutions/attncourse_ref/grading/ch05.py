@@ -316,7 +316,8 @@ def greedy_decode(rng):
         wanted.pop(0)
         args[3] = int(eos)
         if len(cases) == 4:
-            args = args + [int(rng.integers(3, 6))]                   # an explicit pad id
+            # an explicit pad id: a token of the decoder's vocabulary (finished rows feed it back), not bos or eos
+            args = args + [int(rng.choice([v for v in range(2, vocab) if v != int(eos)]))]
         cases.append(layer_case(ref.greedy_decode, "prefix_decoder", weight, args,
                                 describe=f"(a fixed decoder, batch of {batch}, max_len={max_len}, eos={args[3]}: "
                                          f"{kind_wanted.replace('_', ' ')})"))
@@ -347,12 +348,12 @@ def _beam_problem(rng, batch, vocab, max_len, eos, dtype, ties):
 
 
 def _ties_decide(table, memory, mask, bos, eos, max_len, beam, alpha, answer):
-    """Whether the answer changes when equal candidates are taken in the other token order: the same search
-    with the token ids reversed (id v becomes V - 1 - v), its answer mapped back."""
+    """For each row, whether its answer changes when equal candidates are taken in the other token order: the
+    same search with the token ids reversed (id v becomes V - 1 - v), its answer mapped back."""
     flip = torch.arange(table.shape[-1] - 1, -1, -1)
     tokens, _ = ref.beam_search(score_table(table[:, flip][:, :, flip]), memory[:, :, flip], mask,
                                 int(flip[bos]), int(flip[eos]), max_len, beam, alpha, pad=-1)
-    return [[int(flip[v]) for v in row if v >= 0] for row in tokens.tolist()] != answer
+    return [[int(flip[v]) for v in row if v >= 0] != mine for row, mine in zip(tokens.tolist(), answer)]
 
 
 def _first_finished(decode, memory, mask, bos, eos, max_len, beam):
@@ -380,43 +381,80 @@ def _first_finished(decode, memory, mask, bos, eos, max_len, beam):
 # (beam size, alpha): every pair of the two lists, and four more searches wider than greedy; ties in half of the
 # cases, float64 in half of them.
 BEAM_SIZES, ALPHAS = (1, 2, 3, 5), (0.0, 0.6, 1.0)
+BEAM_ROWS = 8           # rows drawn per problem, of which a case keeps 1 to 3 (rows are searched independently)
+BEAM_TRIES = 200        # problems drawn per setting at most; the rarest setting needs about 3 on average
+
+
+def _beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties):
+    """Per row of a drawn problem: its answer's length, and which of the properties a case needs it shows:
+    "greedy" (greedy decoding finds another answer), "first" (the first hypothesis to finish is not the
+    answer: the search must go on), "ranked" (ranking each hypothesis' candidates apart, the top_per_beam
+    mistake, gives another answer) and "ties" (the tie-breaking rule decides the answer)."""
+    decode = score_table(table)
+    tokens, _ = ref.beam_search(decode, memory, mask, bos, eos, max_len, beam, alpha, pad=-1)
+    answers = [[v for v in row if v >= 0] for row in tokens.tolist()]
+    rows = [{"length": len(a), "shows": set()} for a in answers]
+    if beam > 1:
+        greedy = ref.greedy_decode(decode, memory, mask, bos, eos, max_len, -1).tolist()
+        first = _first_finished(decode, memory, mask, bos, eos, max_len, beam)
+        for b, row in enumerate(rows):
+            row_mask = None if mask is None else mask[b:b + 1]
+            if [v for v in greedy[b] if v >= 0] != answers[b]:
+                row["shows"].add("greedy")
+            if first[b] != answers[b]:
+                row["shows"].add("first")
+            if _plain_beam(decode, memory[b:b + 1], row_mask, bos, eos, max_len, beam, alpha,
+                           "top_per_beam")[0][0].tolist() != answers[b]:
+                row["shows"].add("ranked")
+    if ties:
+        for row, decides in zip(rows, _ties_decide(table, memory, mask, bos, eos, max_len, beam, alpha, answers)):
+            if decides:
+                row["shows"].add("ties")
+    return rows
+
+
+def _pick_rows(rows, batch, max_len, needed):
+    """Up to ``batch`` rows, at least one, that finish at different lengths (a lone row before max_len) and
+    together show every property in ``needed``; None if no choice does."""
+    from itertools import combinations
+    for size in range(batch, 0, -1):
+        for chosen in combinations(range(len(rows)), size):
+            lengths = [rows[b]["length"] for b in chosen]
+            if len(set(lengths)) < min(size, 2) or (size == 1 and lengths[0] == max_len):
+                continue
+            if needed <= set().union(*(rows[b]["shows"] for b in chosen)):
+                return list(chosen)
+    return None
 
 
 @hidden_test("ch05.beam_search")
 def beam_search(rng):
-    cases, tries = [], 0
+    """Every setting gets its case from problems drawn for it alone (no setting can use up the others' draws),
+    and a case is made of chosen rows of a larger drawn batch: every property a case needs is then common, so
+    that the builder finds one within a few draws under any salt (tests/test_salts.py runs it under many)."""
+    cases = []
     settings = [(b, a) for a in ALPHAS for b in BEAM_SIZES] + [(2, 0.0), (3, 0.6), (5, 1.0), (3, 0.0)]
-    while settings and tries < 500:
-        tries += 1
-        beam, alpha = settings[0]
-        i = len(cases)
+    for i, (beam, alpha) in enumerate(settings):
         dtype, ties = DTYPES[i % 2], i % 4 < 2
-        batch, vocab, max_len = int(rng.integers(1, 4)), int(rng.integers(4, 8)), int(rng.integers(4, 8))
-        eos, bos = (int(x) for x in rng.choice(vocab, 2, replace=False))
-        table, memory = _beam_problem(rng, batch, vocab, max_len, eos, dtype, ties)
-        mask = None if i % 3 == 0 else padding_mask(rng, batch, max_len)
-        pad = 0 if i % 4 else int(rng.integers(vocab, vocab + 5))              # an explicit pad id in 3 cases
+        needed = ({"greedy", "first", "ranked"} if beam > 1 else set()) | ({"ties"} if ties else set())
+        for _ in range(BEAM_TRIES):
+            batch, vocab, max_len = int(rng.integers(1, 4)), int(rng.integers(4, 8)), int(rng.integers(4, 8))
+            eos, bos = (int(x) for x in rng.choice(vocab, 2, replace=False))
+            table, memory = _beam_problem(rng, BEAM_ROWS, vocab, max_len, eos, dtype, ties)
+            mask = None if i % 3 == 0 else padding_mask(rng, BEAM_ROWS, max_len)
+            chosen = _pick_rows(_beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties),
+                                batch, max_len, needed)
+            if chosen is not None:
+                break
+        else:
+            raise AssertionError(f"could not build a beam search case for beam_size={beam}, alpha={alpha}")
+        memory, mask = memory[chosen], None if mask is None else mask[chosen]
+        pad = 0 if i % 4 else int(rng.integers(vocab, vocab + 5))              # an explicit pad id in 4 cases
         args = [memory, mask, bos, eos, max_len, beam, alpha] + ([pad] if pad else [])
-        tokens, _ = ref.beam_search(score_table(table), *args)
-        lengths = [row.index(eos) + 1 if eos in row else max_len for row in tokens.tolist()]
-        if len(set(lengths)) < min(batch, 2) or (batch == 1 and lengths[0] == max_len):
-            continue                                    # rows must finish at different lengths, or before max_len
-        if beam > 1 and torch.equal(tokens, ref.beam_search(score_table(table), *args[:5], 1, *args[6:])[0]):
-            continue                                    # a search whose answer greedy decoding would not find
-        answers = [row[:n] for row, n in zip(tokens.tolist(), lengths)]
-        if ties and not _ties_decide(table, memory, mask, bos, eos, max_len, beam, alpha, answers):
-            continue                                    # exact ties that the tie-breaking rule must decide
-        if beam > 1 and answers == _first_finished(score_table(table), memory, mask, bos, eos, max_len, beam):
-            continue                                    # ... and that must go on after a hypothesis finished
-        if beam > 1 and _plain_beam(score_table(table), memory, mask, bos, eos, max_len, beam, alpha,
-                                    "top_per_beam")[0].tolist() == tokens.tolist():
-            continue                                    # ... where all hypotheses' candidates must be ranked together
-        settings.pop(0)
         cases.append(layer_case(ref.beam_search, "score_table", table, args,
-                                describe=f"(a score table: batch of {batch}, V={vocab}, max_len={max_len}, "
+                                describe=f"(a score table: batch of {len(chosen)}, V={vocab}, max_len={max_len}, "
                                          f"beam_size={beam}, alpha={alpha}, {'ties, ' if ties else ''}"
                                          f"{str(dtype)[6:]}{', memory_mask=None' if mask is None else ''})"))
-    assert not settings, f"could not build beam search cases {settings}"
     return cases
 
 
@@ -712,7 +750,7 @@ def _beam_check_case():
         tied = ref.beam_search(score_table(tie_table), tie_memory, None, 1, 3, 5, 2, 0.0)
         answer = [row[:row.index(3) + 1] if 3 in row else row for row in tied[0].tolist()]
         token_first = _plain_beam(score_table(tie_table), tie_memory, None, 1, 3, 5, 2, 0.0, "token_first")[0]
-        if _ties_decide(tie_table, tie_memory, None, 1, 3, 5, 2, 0.0, answer) and not torch.equal(token_first, tied[0]):
+        if any(_ties_decide(tie_table, tie_memory, None, 1, 3, 5, 2, 0.0, answer)) and not torch.equal(token_first, tied[0]):
             break
     else:
         raise AssertionError("no beam search tie case found")

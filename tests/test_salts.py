@@ -1,0 +1,151 @@
+"""Hidden tests under any term's salt.
+
+An instructor sets ATTNCOURSE_GRADING_SALT (or lets tools/grade_class.py draw a secret one) to grade each
+term on fresh cases.  Every hidden test's case builder must then work for *every* salt: build its cases
+(constrained cases are built by construction, not by drawing until one fits), the same number of them,
+with finite answers; and every known mistake of the zoo must still fail its hidden test under other salts
+than the suite's own.
+"""
+import contextlib
+import importlib
+import os
+
+import numpy as np
+import pytest
+
+from conftest import CHAPTERS
+from fakeclass import zoo
+
+pytestmark = pytest.mark.slow
+
+SALTS = [f"term-{year}{half}" for year in range(2025, 2050) for half in "ab"]   # 50 terms
+CHUNKS = 5
+
+
+@contextlib.contextmanager
+def salt(value):
+    old = os.environ.get("ATTNCOURSE_GRADING_SALT")
+    os.environ["ATTNCOURSE_GRADING_SALT"] = value
+    try:
+        yield
+    finally:
+        os.environ["ATTNCOURSE_GRADING_SALT"] = old
+
+
+def _registry():
+    from attncourse_ref.grading import REGISTRY
+    for chapter in CHAPTERS:
+        importlib.import_module(f"attncourse_ref.grading.{chapter}")
+    return REGISTRY
+
+
+def _build(test_id):
+    """The cases, built as the grading server builds them (one thread, as it runs: two workers' threads on
+    two cores, spinning in OpenMP, made this test ten times slower), with no case cache."""
+    import torch
+    from attncourse_ref.grading import __main__ as server
+    cached, server.CASE_CACHE = server.CASE_CACHE, None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return server.build_cases(test_id)
+    finally:
+        server.CASE_CACHE = cached
+        torch.set_num_threads(threads)
+
+
+def _shape(cases):
+    """How many cases, and which have a NaN among their answers (as the reference may rightly give: the
+    mean cross-entropy over no token is NaN, as in PyTorch)."""
+    return len(cases), {i for i, case in enumerate(cases) for value in case.expected
+                        if np.asarray(value).dtype.kind in "fc" and np.isnan(np.asarray(value)).any()}
+
+
+def salt_problems(test_ids, salts, baseline):
+    """What goes wrong when ``test_ids``' cases are built under each of ``salts``: a builder that raises,
+    builds no case or fewer than half as many as under the suite's salt (``baseline[test_id]``, a
+    ``_shape``: some builders draw how many), or gives a NaN answer in a case that has none there."""
+    problems = []
+    for value in salts:
+        with salt(value):
+            for test_id in test_ids:
+                try:
+                    count, nans = _shape(_build(test_id))
+                except Exception as err:                     # noqa: BLE001 - report every builder that fails
+                    problems.append(f"{test_id} under salt {value!r}: {type(err).__name__}: {err}")
+                    continue
+                usual, usual_nans = baseline[test_id]
+                if count == 0 or 2 * count < usual:
+                    problems.append(f"{test_id} under salt {value!r}: {count} cases, against {usual} usually")
+                problems += [f"{test_id} under salt {value!r}: case {i}'s answer has NaN" for i in sorted(nans - usual_nans)]
+    return problems
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_every_case_builder_works_under_many_salts(chunk):
+    """Every builder under 10 of the 50 salts (five chunks, so that workers share them): none raises, each
+    builds about as many cases as under the suite's salt, and no answer is NaN where it is not meant to be."""
+    registry = _registry()
+    baseline = {test_id: _shape(_build(test_id)) for test_id in registry}
+    problems = salt_problems(list(registry), SALTS[chunk::CHUNKS], baseline)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_salt_check_can_fail():
+    """A builder that draws until a rare event happens (here, at most three draws of a 1-in-5 event) fails
+    under some of the 50 salts, and the check names it and the salt; so does one whose answer is NaN."""
+    from attncourse_ref.grading import REGISTRY, Case
+
+    def fragile(rng):
+        for _ in range(3):
+            if rng.random() < 0.2:
+                return [Case(call={}, arrays={}, expected=[np.array([1.0])], describe="")]
+        raise AssertionError("could not build")
+
+    def undefined(rng):
+        return [Case(call={}, arrays={}, expected=[np.array([rng.random(), np.nan])], describe="")]
+
+    REGISTRY["ch00.fragile"], REGISTRY["ch00.undefined"] = fragile, undefined
+    try:
+        problems = salt_problems(["ch00.fragile", "ch00.undefined"], SALTS, {"ch00.fragile": (1, set()),
+                                                                              "ch00.undefined": (1, set())})
+    finally:
+        del REGISTRY["ch00.fragile"], REGISTRY["ch00.undefined"]
+    assert any(p.startswith("ch00.fragile under salt 'term-") and "could not build" in p for p in problems)
+    assert sum(p.startswith("ch00.undefined under salt") and p.endswith("case 0's answer has NaN") for p in problems) == len(SALTS)
+
+
+OTHER_SALTS = ["term-2025a", "term-2031b"]      # with the suite's own ("attncourse"): three salts
+
+
+@contextlib.contextmanager
+def _server_with_salt(value):
+    """The hidden tests' client talks to a private grading server; this one draws its cases with ``value``."""
+    from attncourse import autograde
+    previous = autograde._server
+    autograde._server = None
+    with salt(value):
+        server = autograde.start_server()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            server.keep.kill()
+        autograde._server = previous
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_zoo_variant_fails_its_hidden_test_under_other_salts(chapter):
+    """test_zoo checks each variant under the suite's salt; here, under two more: a mistake caught by one
+    or two lucky cases of one salt is not caught."""
+    from attncourse.autograde import run_hidden_test
+    from test_zoo import candidate_for
+    missed = []
+    for value in OTHER_SALTS:
+        with _server_with_salt(value):
+            for variant in zoo(chapter):
+                for test_cell in sorted(variant.fails):
+                    verdict = run_hidden_test(f"{chapter}.{test_cell.removeprefix('test_')}", candidate_for(chapter, variant))
+                    if not verdict["failures"]:
+                        missed.append(f"{variant.name} passes {test_cell} under salt {value!r}")
+    assert not missed, "\n".join(missed)
