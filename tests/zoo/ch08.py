@@ -538,6 +538,19 @@ def update_no_zero(bias, experts, gamma):
     return bias.detach() + torch.where(load < experts.numel() / bias.shape[-1], gamma, -gamma)
 
 
+@_add("loads counted by bincount without minlength (an idle last expert)", "update_bias", UPDATE, "check_update_bias",
+      "minlength=E")
+def update_no_minlength(bias, experts, gamma):
+    load = torch.bincount(experts.reshape(-1)).to(bias.dtype)
+    return bias.detach() + gamma * torch.sign(experts.numel() / bias.shape[-1] - load)
+
+
+@_add("mean load by integer division (T * k // E)", "update_bias", UPDATE, "check_update_bias", "integer division")
+def update_floor_mean(bias, experts, gamma):
+    load = torch.bincount(experts.reshape(-1), minlength=bias.shape[-1]).to(bias.dtype)
+    return bias.detach() + gamma * torch.sign(experts.numel() // bias.shape[-1] - load)
+
+
 @_add("bias updated in place", "update_bias", UPDATE, "check_update_bias", "in place")
 def update_in_place(bias, experts, gamma):
     load = torch.bincount(experts.reshape(-1), minlength=bias.shape[-1]).to(bias.dtype)

@@ -232,11 +232,13 @@ def biased_top_k_router(rng):
     return cases
 
 
-def _loads(rng, n_experts, tokens, k):
+def _loads(rng, n_experts, tokens, k, last_idle=False):
     """Choices ([tokens, k], k different experts per token) whose per-expert loads are drawn: some experts
-    exactly at the mean load, some idle, the others above or below it."""
+    exactly at the mean load (at its whole part when T k / E is not whole), some idle, the others above or
+    below it; with ``last_idle``, the last expert gets no token (a count by bincount needs its minlength)."""
     mean = tokens * k // n_experts
     counts = np.full(n_experts, mean)
+    counts[rng.choice(n_experts, tokens * k - mean * n_experts, replace=False)] += 1   # the remainder, if any
     movable = [e for e in range(n_experts) if rng.random() < 0.7]
     movable = movable if len(movable) >= 2 else [0, n_experts - 1]
     for _ in range(3 * n_experts):
@@ -247,6 +249,10 @@ def _loads(rng, n_experts, tokens, k):
             counts[b] += step
     if (counts == mean).all():
         counts[movable[:2]] += [-1, 1]
+    if last_idle:
+        for _ in range(counts[-1]):                           # hand its assignments to experts with room
+            counts[int(rng.choice(np.flatnonzero(counts[:-1] < tokens)))] += 1
+        counts[-1] = 0
     flat = np.repeat(np.arange(n_experts), counts)           # expert runs of at most `tokens`
     grid = flat.reshape(k, tokens).T                          # token t: entries t, T + t, ...: k different experts
     return torch.from_numpy(grid[rng.permutation(tokens)].copy()).long()
@@ -270,6 +276,21 @@ def update_bias(rng):
         bias = _tensor(rng, (n_experts,), dtype, 0.01)
         gamma = [1e-3, 0.01, 0.25, 0.05][i % 4]
         cases.append(function_case(ref.update_bias, [bias, experts, gamma]))
+    for i in range(6):
+        # T k not a multiple of E in four cases (experts at the whole part of the mean are below it, not at it),
+        # the last expert idle in four: what bincount without minlength and T * k // E get wrong
+        dtype = DTYPES[i % 2]
+        n_experts = int(rng.integers(3, 17))
+        k = int(rng.integers(1, n_experts))
+        tokens = n_experts * int(rng.integers(2, 6)) + (int(rng.integers(1, n_experts)) if i < 4 else 0)
+        while i < 4 and tokens * k % n_experts == 0:           # r k can be a multiple of E; r + 1, ... not all
+            tokens += 1
+        experts = _loads(rng, n_experts, tokens, k, last_idle=i >= 2)
+        bias = _tensor(rng, (n_experts,), dtype, 0.01)
+        cases.append(function_case(ref.update_bias, [bias, experts, [0.01, 0.05][i % 2]],
+                                   describe=f"({tokens} tokens, k={k}, {n_experts} experts"
+                                            f"{', T*k/E not whole' if tokens * k % n_experts else ''}"
+                                            f"{', the last expert idle' if i >= 2 else ''})"))
     return cases
 
 
@@ -505,6 +526,12 @@ def _aux_free_data():
                            "no_k": up_bias + gamma * torch.sign(1.5 - load),
                            "no_zero": up_bias + torch.where(load < 3.0, gamma, -gamma)},
               "batched_experts": up_experts.reshape(2, 3, 2)}
+    # 5 tokens, k = 2 of 4 experts: loads [4, 2, 4, 0], the last expert idle, a mean of 2.5 (not a whole number).
+    idle_experts = torch.tensor([[0, 1], [0, 2], [0, 2], [0, 2], [1, 2]])
+    idle_load = torch.bincount(idle_experts.reshape(-1), minlength=4).double()
+    update["idle"] = {"experts": idle_experts, "load": idle_load, "mean": 2.5,
+                      "new": ref.update_bias(up_bias, idle_experts, gamma),
+                      "floor": up_bias + gamma * torch.sign(2.0 - idle_load)}
 
     # The layer: 5 experts, top-2, one shared expert, a bias that moves the choices.
     torch.manual_seed(5)

@@ -542,6 +542,21 @@ def check_update_bias(fn):
         fail("experts [2, 3, 2] (the same choices with leading dimensions) give a different update: count the "
              "assignments over every leading dimension")
     ok("no autograd history, input unchanged, leading dimensions, float32")
+    idle = c["idle"]
+    load = [int(v) for v in idle["load"]]
+    try:
+        new = fn(bias, torch.tensor(idle["experts"]), gamma)
+    except Exception as exc:                          # noqa: BLE001 - what the learner's code raised, said plainly
+        fail(f"with the last expert idle (loads {load}) update_bias raised {type(exc).__name__}: {exc}. "
+             "torch.bincount counts the ids up to the largest it sees: give it minlength=E, so that an expert no "
+             "token chose still gets its count, 0")
+    expect_tensor(new, "the new bias with the last expert idle", shape=bias.shape, dtype=torch.float64)
+    if close(new, tensor(idle["floor"])):
+        fail(f"loads {load}: the mean load T * k / E = 10 / 4 = 2.5 is not a whole number, so the expert with 2 "
+             "tokens is below it and its bias rises; integer division (T * k // E = 2) put it exactly at the mean")
+    if not close(new, tensor(idle["new"])):
+        fail(f"loads {load} against a mean of 2.5: new bias {new.tolist()}, expected {tensor(idle['new']).tolist()}")
+    ok(f"loads {load}: an idle expert and a mean load of 2.5, not a whole number")
 
 
 def check_deepseek_moe(cls):
