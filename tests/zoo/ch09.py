@@ -406,6 +406,26 @@ def adamw_decay_without_lr(self):
             p.sub_(lr * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps))
 
 
+@_add("AdamW decaying parameters that have no gradient", "AdamW", {"test_adamw"}, "check_adamw", "decayed it anyway")
+@torch.no_grad()
+def adamw_decay_without_grad(self):
+    for group in self.param_groups:
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            p.mul_(1 - lr * weight_decay)                 # before looking at the gradient
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"], state["exp_avg"], state["exp_avg_sq"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+            state["step"] += 1
+            t, m, v, g = state["step"], state["exp_avg"], state["exp_avg_sq"], p.grad
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.sub_(lr * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps))
+
+
 @_add("AdamW with one step count for all parameters", "AdamW", {"test_adamw"}, "check_adamw", "one step count")
 @torch.no_grad()
 def adamw_shared_step(self):

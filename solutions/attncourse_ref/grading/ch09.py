@@ -122,7 +122,8 @@ def clip_grad_norm(rng):
 def _adamw_run(rng, dtype, n_steps, decay, lr, betas, eps):
     """Param groups, defaults and steps for run_optimizer: matrices (decayed) and vectors (not) in two groups, the
     second with betas and eps of its own half the time; a learning rate changed before every step; the first
-    vector without a gradient at step 1 and at one later step (so its step count lags the others')."""
+    vector without a gradient at step 1 and at one later step (so its step count lags the others'), the first
+    matrix without one at a later step."""
     def tensor(shape, scale=1.0):
         return torch.from_numpy(np.asarray(rng.standard_normal(shape) * scale)).to(dtype)
     shapes = [[(int(rng.integers(2, 5)), int(rng.integers(2, 5))) for _ in range(int(rng.integers(1, 4)))],
@@ -133,7 +134,9 @@ def _adamw_run(rng, dtype, n_steps, decay, lr, betas, eps):
         groups[1].update(betas=(0.8, 0.95), eps=eps * 10)
     flat = shapes[0] + shapes[1]
     scales = [float(rng.choice([1e-3, 1e-2, 0.1, 1.0])) for _ in flat]      # gradients of different sizes
-    skip = {(0, len(shapes[0])), (int(rng.integers(1, n_steps)), len(shapes[0]))}
+    # the first vector (not decayed) and, at one later step, the first matrix (decayed): a parameter without a
+    # gradient is left alone, weight decay included
+    skip = {(0, len(shapes[0])), (int(rng.integers(1, n_steps)), len(shapes[0])), (int(rng.integers(1, n_steps)), 0)}
     steps = [{"lr": [lr * float(rng.uniform(0.2, 1.0))] * 2,
               "grads": [None if (k, j) in skip else tensor(s, scales[j]) for j, s in enumerate(flat)]}
              for k in range(n_steps)]
@@ -153,9 +156,11 @@ def adamw(rng):
         n_steps = int(rng.integers(4, 8))
         groups, defaults, steps, vector = _adamw_run(rng, dtype, n_steps, decay, lr, betas, eps)
         late = next(k for k in range(1, n_steps) if steps[k]["grads"][vector] is None) if n_steps > 1 else 0
+        idle = next(k for k in range(1, n_steps) if steps[k]["grads"][0] is None)
         text = (f"({n_steps} steps in {str(dtype).replace('torch.', '')}, {len(steps[0]['grads'])} parameters in 2 groups, "
                 f"lr={lr:g} times a factor changed before every step, betas={betas}, eps={eps:g}, weight_decay={decay:g} "
-                f"on the first group; parameter {vector} has no gradient at steps 1 and {late + 1})")
+                f"on the first group; parameter {vector} has no gradient at steps 1 and {late + 1}, parameter 0 "
+                f"at step {idle + 1})")
         cases.append(optimizer_case(ref.AdamW, groups, defaults, steps, describe=text))
     return cases
 
@@ -298,6 +303,8 @@ def _adamw_mistake(mistake):
                 beta1, beta2 = group["betas"]
                 for i, p in enumerate(group["params"]):
                     if p.grad is None:
+                        if mistake == "decay_no_grad":
+                            p.mul_(1 - lr * wd)
                         continue
                     state = self.state[i] if mistake == "by_index" else self.state[p]
                     if not state:
@@ -326,7 +333,7 @@ def _adamw_mistake(mistake):
 
 
 ADAMW_MISTAKES = ("l2", "no_bias", "off_by_one", "eps_inside", "decay_after", "decay_no_lr", "shared_step",
-                  "by_index", "fixed_lr")
+                  "by_index", "fixed_lr", "decay_no_grad")
 
 
 def _adamw_data():

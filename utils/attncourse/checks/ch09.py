@@ -494,6 +494,8 @@ _ADAMW_MISTAKES = {
                 "parameter itself), not one per position in the group",
     "fixed_lr": "your learning rate does not follow the schedule: the training program changes group[\"lr\"] before "
                 "every step, so read group[\"lr\"] inside step(), not the lr given to __init__",
+    "decay_no_grad": "parameter 1 had no gradient at step 1 and you decayed it anyway: a parameter without a gradient "
+                     "is left alone at that step, weight decay included, as torch.optim.AdamW does",
 }
 
 
