@@ -577,6 +577,26 @@ def gqa_strided_heads(self, x, past_kv=None):
     return self.resid_dropout(self.c_proj(y)), (k, v)
 
 
+@_add("attention dropout applied in evaluation mode too", "gqa", {"test_gqa", "test_gqa_cache"}, "check_gqa",
+      "in evaluation mode (module.eval())")
+def gqa_dropout_in_eval(self, x, past_kv=None):
+    B, T, C = x.shape
+    D = C // self.n_head
+    q, k, v = self.c_attn(x).split([C, self.n_kv_head * D, self.n_kv_head * D], dim=-1)
+    q = q.view(B, T, self.n_head, D).transpose(1, 2)
+    k, v = (t.view(B, T, self.n_kv_head, D).transpose(1, 2) for t in (k, v))
+    mask = None
+    if past_kv is not None:
+        t_past = past_kv[0].shape[2]
+        k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+        mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
+    group = self.n_head // self.n_kv_head
+    y = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                       attn_mask=mask, is_causal=mask is None, dropout_p=self.dropout)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
 @_add("the cache stores the keys and values repeated for every query head", "gqa", {"test_gqa", "test_gqa_cache"},
       "check_gqa", "saves no memory")
 def gqa_cache_repeated(self, x, past_kv=None):

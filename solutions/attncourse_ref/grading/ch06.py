@@ -167,8 +167,7 @@ def attention(rng):
     for i in range(8):
         init = _attention_init(rng)
         train = i in (1, 2, 4, 5, 7)              # training mode: dropout on the weights and on the output
-        if train:
-            init["dropout"] = 0.5
+        init["dropout"] = 0.5 if train else [0.0, 0.3][i % 2 == 0]   # evaluation mode: dropout must do nothing
         dtype = DTYPES[i % 2]
         module = _randomize(ref.CausalSelfAttention(**init), rng).to(dtype)
         b, t = int(rng.integers(1, 4)), int(rng.integers(2, 8))
@@ -192,7 +191,7 @@ def _train_describe(module, init, x):
 def attention_cache(rng):
     cases = []
     for i in range(8):
-        init = _attention_init(rng)
+        init = {**_attention_init(rng), "dropout": [0.0, 0.3][i % 2]}     # evaluation mode: dropout does nothing
         dtype = DTYPES[i % 2]
         module = _randomize(ref.CausalSelfAttention(**init), rng).to(dtype)
         b, t_past, t = int(rng.integers(1, 4)), int(rng.integers(1, 7)), (1 if i < 4 else int(rng.integers(2, 5)))
@@ -208,8 +207,7 @@ def block(rng):
     for i in range(6):
         init = _attention_init(rng)
         train = i in (1, 2, 3)                       # training mode: the attention's and the MLP's dropout
-        if train:
-            init["dropout"] = 0.5
+        init["dropout"] = 0.5 if train else [0.0, 0.3][i % 2 == 0]   # evaluation mode: dropout must do nothing
         dtype = DTYPES[i % 2]
         module = _randomize(ref.Block(**init), rng).to(dtype)
         b, t = int(rng.integers(1, 4)), int(rng.integers(2 if train else 1, 6))
@@ -257,6 +255,7 @@ def gpt(rng):
         init = _gpt_init(rng)
         dtype = DTYPES[i % 2]
         hf = gpt2_oracle(init, rng, dtype)
+        init["dropout"] = [0.0, 0.3][i % 2]                         # evaluation mode: dropout does nothing
         ours = ref.load_gpt2_weights(ref.GPT(**init).to(dtype), hf.state_dict())
         b, t = int(rng.integers(1, 4)), int(rng.integers(1, init["block_size"] + 1))
         idx = torch.from_numpy(rng.integers(0, init["vocab_size"], size=(b, t)))
@@ -731,8 +730,7 @@ def gqa(rng):
     for i in range(10):
         init = _gqa_init(rng, i)
         train = i in (1, 3, 6, 8)
-        if train:
-            init["dropout"] = 0.5
+        init["dropout"] = 0.5 if train else [0.0, 0.3][i % 2 == 0]   # evaluation mode: dropout must do nothing
         dtype = _mostly64(i)
         module = _randomize(ref.GroupedQueryAttention(**init), rng).to(dtype)
         b, t = int(rng.integers(1, 4)), int(rng.integers(2, 8))
@@ -747,7 +745,7 @@ def gqa_cache(rng):
     """Eight cases with a cache of n_kv_head heads: one new token in three, two to four in five."""
     cases = []
     for i in range(8):
-        init = _gqa_init(rng, i + 3)
+        init = {**_gqa_init(rng, i + 3), "dropout": [0.0, 0.3][i % 2]}  # evaluation mode: dropout does nothing
         dtype = _mostly64(i)
         module = _randomize(ref.GroupedQueryAttention(**init), rng).to(dtype)
         b, t_past, t = int(rng.integers(1, 4)), int(rng.integers(1, 7)), (1 if i % 3 == 0 else int(rng.integers(2, 5)))

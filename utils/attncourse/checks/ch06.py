@@ -221,7 +221,8 @@ def _kv(out, what):
 @torch.no_grad()
 def _check_dropout_and_float32(cls, c, module, x, name):
     """The attention layer ``name`` (CausalSelfAttention or GroupedQueryAttention) with dropout 0.5 in training
-    mode, after torch.manual_seed(13), and in float32: the cases' y_train, y_train_resid_only and y."""
+    mode, after torch.manual_seed(13), in evaluation mode, and in float32: the cases' y_train,
+    y_train_resid_only and y."""
     dropping = build_module(cls, {**c["init"], "dropout": 0.5}, name, c["state"]).train()
     with torch.random.fork_rng(), forbidding(NO_MHA, name):
         torch.manual_seed(13)
@@ -237,6 +238,13 @@ def _check_dropout_and_float32(cls, c, module, x, name):
         fail("in training mode (dropout=0.5, torch.manual_seed(13) first) your attention differs from the expected "
              "output: dropout_p=self.dropout if self.training else 0.0 on the attention weights, then "
              "self.resid_dropout on c_proj's output")
+    dropping.eval()
+    with torch.random.fork_rng(), forbidding(NO_MHA, name):
+        y_eval = _kv(call(dropping, x, what=f"{name}(dropout=0.5) in evaluation mode"), f"{name}.forward")[0]
+    if not close(y_eval, tensor(c["y"])):
+        fail("in evaluation mode (module.eval()) dropout must do nothing, whatever its p: with dropout=0.5 your output "
+             "differs from the output without dropout. Use dropout_p=self.dropout if self.training else 0.0 and an "
+             "nn.Dropout module (it follows the mode), not F.dropout(..., training=True)")
     y32 = call(module.float(), x.float(), what=f"{name} in float32")[0]
     if y32.dtype != torch.float32 or not close(y32, tensor(c["y"]), atol=1e-4):
         fail("in float32 the module should return float32 outputs matching float64 to 1e-4")
