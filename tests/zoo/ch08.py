@@ -602,6 +602,23 @@ def deepseek_no_shared(self, x):
     return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
 
 
+@_add("DeepSeekMoE routes under torch.no_grad() (its router can never learn)", "deepseek_moe", DEEPSEEK,
+      "check_deepseek_moe", "no gradient reaches the router")
+def deepseek_no_grad_routing(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    with torch.no_grad():
+        experts = torch.sort(logits + self.bias, dim=-1, descending=True, stable=True).indices[..., :self.k]
+        gates = torch.softmax(logits.gather(-1, experts), dim=-1)
+    y = torch.zeros_like(tokens)
+    for expert in self.shared:
+        y = y + expert(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where(experts == e)
+        y = y.index_add(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
 @_add("DeepSeekMoE returns the biased logits", "deepseek_moe", DEEPSEEK, "check_deepseek_moe", "unbiased")
 def deepseek_biased_logits(self, x):
     tokens = x.reshape(-1, x.shape[-1])

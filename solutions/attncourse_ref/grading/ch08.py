@@ -301,7 +301,7 @@ def deepseek_moe(rng):
         d, h = int(rng.integers(2, 7)), int(rng.integers(2, 8))
         n_experts = int(rng.integers(3, 9))
         k = min(n_experts - 1, [2, 1, 3, 2, 2][i % 5])
-        n_shared = 0 if i == 3 else [1, 1, 2, 1, 1][i % 5]
+        n_shared = 0 if i in (3, 7) else [1, 1, 2, 1, 1][i % 5]      # no shared expert in float32 and float64
         dtype = torch.float32 if i % 3 == 0 else torch.float64
         _seed_torch(rng)
         module = ref.DeepSeekMoE(d, h, n_experts, k, n_shared).to(dtype)
@@ -310,7 +310,8 @@ def deepseek_moe(rng):
         shapes = [(d,), (int(rng.integers(2, 6)), d), (2, int(rng.integers(2, 5)), d), (2, 2, 3, d)]
         x = _tensor(rng, shapes[i % len(shapes)] if i else (5, d), dtype)
         init = {"d_model": d, "d_hidden": h, "n_experts": n_experts, "k": k, "n_shared": n_shared}
-        cases.append(module_case(module, init, [x]))
+        # three with gradients: the gates carry the router's gradient to x (routing under torch.no_grad() does not)
+        cases.append(module_grad_case(module, init, [x], rng=rng) if i in (1, 5, 8) else module_case(module, init, [x]))
     return cases
 
 

@@ -586,7 +586,15 @@ def check_deepseek_moe(cls):
     y2, _ = _moe_output(two, tensor(c["two_x"]), "DeepSeekMoE with 2 shared experts and k = 1", 4)
     if not close(y2, tensor(c["two_output"])):
         fail("with two shared experts (n_shared=2) the output differs: add the outputs of all shared experts")
+    module.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        y, _ = _moe_output(module, x, "DeepSeekMoE.forward(x [2, 3, 4])", 5)
+        y.sum().backward()
+    if module.router.weight.grad is None or not module.router.weight.grad.abs().sum() > 0:
+        fail("no gradient reaches the router: the output depends on the router's weights through the gates (a softmax "
+             "of the chosen logits), so the router can only learn if the gates are computed with autograd on. Do not "
+             "route under torch.no_grad() or from detached logits (only the bias update is gradient-free)")
     y32, _ = _moe_output(module.float(), x.float(), "DeepSeekMoE in float32", 5)
     if not close(y32, expected, atol=1e-5):
         fail("float32 inputs give a different answer from float64 ones")
-    ok("two shared experts, float32")
+    ok("two shared experts, the router's gradient, float32")
