@@ -387,6 +387,15 @@ def ls_no_eps_over_v(logits, target, smoothing, pad=0):
     return -(q * log_p).sum(dim=-1)[real].mean()
 
 
+@_add("label smoothing with log(softmax(x)) (underflows on large logits)", "label_smoothed_loss",
+      {"test_label_smoothed_loss"}, "check_label_smoothed_loss", "log(softmax(x)) rounds")
+def ls_log_of_softmax(logits, target, smoothing, pad=0):
+    log_p = torch.log(torch.softmax(logits, dim=-1))
+    real = target != pad
+    nll = -log_p.gather(-1, target.masked_fill(~real, 0).unsqueeze(-1)).squeeze(-1)
+    return ((1 - smoothing) * nll + smoothing * -log_p.mean(dim=-1))[real].mean()
+
+
 @_add("label smoothing: mean over the batch rows, not the real tokens", "label_smoothed_loss",
       {"test_label_smoothed_loss"}, "check_label_smoothed_loss", "number of sequences")
 def ls_mean_over_rows(logits, target, smoothing, pad=0):

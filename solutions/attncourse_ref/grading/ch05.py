@@ -262,12 +262,13 @@ def sequence_loss(rng):
 
 
 # ---- label smoothing ------------------------------------------------------------------------------------------
-# (batch, length, V, smoothing, pad, logit scale, padded): eps = 0 once, padding in all but one case (whose eps is
-# not 0), pad ids other than 0, a large V, large float32 logits once (log(softmax) underflows there).
+# (batch, length, V, smoothing, pad, logit scale, padded): eps = 0 once, padding in all but two cases (whose eps is
+# not 0), pad ids other than 0, a large V, large float32 logits three times (log(softmax) underflows there: every
+# row of those has a class 150 below its largest logit, whose probability rounds to 0 in float32).
 _SMOOTHING_SETTINGS = [(3, 5, 6, 0.1, 0, 2.0, True), (2, 6, 5, 0.0, 0, 2.0, True), (4, 4, 8, 0.2, 3, 2.0, True),
                        (1, 7, 4, 0.05, 0, 1.0, True), (3, 3, 9, 0.5, 0, 3.0, True), (2, 5, 50, 0.1, 7, 2.0, True),
                        (2, 4, 7, 0.3, 0, 30.0, True), (3, 6, 3, 1.0, 0, 2.0, True), (2, 5, 6, 0.15, 2, 2.0, False),
-                       (4, 5, 12, 0.25, 0, 2.0, True)]
+                       (4, 5, 12, 0.25, 0, 2.0, True), (3, 4, 10, 0.1, 0, 50.0, True), (2, 6, 16, 0.2, 5, 50.0, False)]
 
 
 @hidden_test("ch05.label_smoothed_loss", forbid=LABEL_SMOOTHING_BUILTINS)
@@ -276,6 +277,9 @@ def label_smoothed_loss(rng):
     for i, (b, t, v, eps, pad, scale, padded) in enumerate(_SMOOTHING_SETTINGS):
         dtype = torch.float32 if scale > 10 else DTYPES[(i + 1) % 2]
         logits = _tensor(rng, (b, t, v), dtype, scale)
+        if scale > 10:
+            low = torch.from_numpy(rng.integers(0, v, size=(b, t, 1)))
+            logits.scatter_(-1, low, logits.amax(-1, keepdim=True) - 150)
         target = torch.from_numpy(rng.integers(0, v, size=(b, t)))
         target = torch.where(target == pad, (target + 1) % v, target)          # real tokens are never pad
         if padded:

@@ -462,7 +462,7 @@ def check_label_smoothed_loss(fn):
                                "batch")]:
                 if close(loss, _scalar(c[key]), 1e-9):
                     fail(message)
-            fail(f"the loss is {float(loss):.6f}, expected {float(_scalar(c['loss'])):.6f}: at each real position "
+            fail(f"the loss is {float(loss):.12g}, expected {float(_scalar(c['loss'])):.12g}: at each real position "
                  "(1 - eps) * (-log p[target]) + eps * mean over the V classes of (-log p), averaged over the real "
                  "tokens")
         ok(f"smoothing {eps}: (1 - eps) on the target plus eps / V on every class, padding ignored")
