@@ -426,6 +426,18 @@ def mlm_all_masked(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, gen
     return torch.where(chosen, mask_id, tokens), torch.where(chosen, tokens, IGNORE_INDEX)
 
 
+@_add("random replacements drawn from 1 .. V - 1 (id 0 never)", "mlm_mask", {"test_mlm_statistics"},
+      "check_mlm_statistics", "never drew id 0")
+def mlm_random_from_one(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, generator=None):
+    shape, device = tokens.shape, tokens.device
+    chosen = (torch.rand(shape, generator=generator, device=device) < mlm_prob) & ~special_mask
+    action = torch.rand(shape, generator=generator, device=device)
+    random_tokens = torch.randint(1, vocab_size, shape, generator=generator, device=device)
+    inputs = torch.where(chosen & (action < 0.8), mask_id, tokens)
+    inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_tokens, inputs)
+    return inputs, torch.where(chosen, tokens, IGNORE_INDEX)
+
+
 @_add("labels at every position", "mlm_mask", {"test_mlm_properties", "test_mlm_statistics"},
       "check_mlm_properties", "-100")
 def mlm_labels_everywhere(tokens, special_mask, mask_id, vocab_size, mlm_prob=0.15, generator=None):

@@ -566,6 +566,21 @@ def _mlm_statistics_judge(tokens, special, mask_id, vocab_size, mlm_prob):
         drawn = got_in[randomised]
         if len(drawn) and (drawn.min() < 0 or drawn.max() >= vocab_size):
             return "random replacements must be token ids in 0 .. vocab_size - 1"
+        if vocab_size <= 64:
+            # A small vocabulary: every id on its own. A draw that equals the mask id or the position's own token
+            # looks masked or kept, so id j shows with weight 1 - (share of chosen positions holding j), the mask
+            # id never: then a chi-square test at the 1e-6 level (ids 1 .. V - 1 leave out id 0, and fail).
+            ids = [j for j in range(vocab_size) if j != mask_id]
+            weight = 1 - np.bincount(orig, minlength=vocab_size)[ids] / len(orig)
+            expected = weight / weight.sum() * len(drawn)
+            counts = np.bincount(drawn, minlength=vocab_size)[ids].astype(float)
+            stat, df = _chi2(counts, expected)
+            if stat > chi2_limit(df):
+                return (f"the {len(drawn)} random replacements are not spread over every id of 0 .. {vocab_size - 1} "
+                        f"as a uniform draw is: ids {ids} appear {counts.astype(int).tolist()} times, expected about "
+                        f"{np.round(expected).astype(int).tolist()} (draw them with torch.randint(vocab_size, ...): "
+                        "every id from 0 to vocab_size - 1)")
+            return None
         # Their distribution, not only their mean: ten equal bins of 0 .. V - 1 (the batch's words all lie
         # in the first twentieth), a chi-square test at the 1e-6 level.
         edges = np.linspace(0, vocab_size, 11)
@@ -597,15 +612,17 @@ def mlm_statistics(rng):
     """Over 32,768 positions per case (about 24,000 of them not special) the share chosen and the 80/10/10
     split must lie within 5 standard deviations of an honest draw's (e.g. 0.15 +- 0.011 chosen, 0.8 +-
     0.033 masked), and the random replacements must pass a chi-square test of uniformity over the whole
-    vocabulary (the batch's words use only its first twentieth). Each case is called twice with
+    vocabulary (the batch's words use only its first twentieth), id by id in a vocabulary of 12. Each case is
+    called twice with
     generators of the same seed: the same masking."""
     cases = []
-    for v, p in [(1000, 0.15), (200, 0.3), (500, 0.15)]:
-        tokens, special = _mlm_batch(rng, 128, 256, v, words=v // 20)
+    # (vocab size, mlm_prob, words 4 .. words - 1); the last, a vocabulary of 12 ids, tests every id on its own
+    for v, p, words in [(1000, 0.15, 50), (200, 0.3, 10), (500, 0.15, 25), (12, 0.5, 12)]:
+        tokens, special = _mlm_batch(rng, 128, 256, v, words=words)
         kwargs = {"generator": _seeded(rng)} if p == 0.15 else {"mlm_prob": p, "generator": _seeded(rng)}
         cases.append(judged_case([tokens, special, 3, v], kwargs, repeat=2,
                                  judge=_mlm_statistics_judge(tokens, special, 3, v, p),
-                                 describe=f"tokens [128, 256] (words 4 .. {v // 20 - 1}), vocab_size={v}, mlm_prob={p}, "
+                                 describe=f"tokens [128, 256] (words 4 .. {words - 1}), vocab_size={v}, mlm_prob={p}, "
                                           "twice with the same generator seed"))
     return cases
 

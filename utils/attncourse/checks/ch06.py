@@ -738,6 +738,15 @@ def check_mlm_statistics(fn):
         fail(f"in a batch whose words are ids 4 .. 24, {int((replaced <= 24).sum())} of the {len(replaced)} random "
              "replacements were ids 4 .. 24: draw them uniformly from the whole vocabulary, 0 .. vocab_size - 1 "
              "(torch.randint(vocab_size, ..., generator=generator)), not from the batch's tokens")
+    # A vocabulary of 8 ids and 90% chosen: about 90 random draws of each id, so every id must show up.
+    small = torch.where(special, tokens, 4 + tokens % 4)
+    inputs = _pair(call(fn, small, special, 3, 8, mlm_prob=0.9, generator=torch.Generator().manual_seed(5),
+                        what="mlm_mask(..., vocab_size=8, mlm_prob=0.9)"), "mlm_mask")[0]
+    picked = ((inputs != small) & (inputs != 3) & ~special)
+    unseen = sorted(set(range(8)) - {3} - set(inputs[picked].tolist()) - set(small[~special].tolist()))
+    if unseen:
+        fail(f"with vocab_size=8 your random replacements never drew id {unseen[0]}: draw them from the whole vocabulary, "
+             "torch.randint(vocab_size, ...) gives 0 .. vocab_size - 1 (torch.randint(1, vocab_size, ...) leaves out 0)")
     out = call(fn, tokens, special, 3, 500, mlm_prob=0.3, generator=torch.Generator().manual_seed(3),
                what="mlm_mask(..., mlm_prob=0.3)")
     rate30 = float(((_pair(out, "mlm_mask")[1] != IGNORE) & ~special).sum()) / float((~special).sum())
