@@ -34,6 +34,8 @@ def encode(obj):
         return as_list(obj.detach())
     if isinstance(obj, dict):
         return {k: encode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [encode(v) for v in obj]
     return obj
 
 

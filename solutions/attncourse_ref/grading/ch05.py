@@ -431,11 +431,53 @@ def _pick_rows(rows, batch, max_len, needed):
     return None
 
 
+def _planted_beam(rng, kind, dtype):
+    """A score table built so that a finished hypothesis' freed slot decides the answer (beam_size 2,
+    alpha 1): ``kind`` "keep_finished" or "refill" gives another answer than the exercise's beam search.
+    Random tables (as in _beam_problem) almost never do. Token roles, sizes and the probabilities' small
+    jitter are drawn; where no role is planted, every token is about equally likely and eos a little less,
+    so a path that leaves the planted ones only loses.
+
+    Step 1 (after bos): B, then eos (hypothesis A, finished at once), then C. The exercise keeps B and A,
+    so only B goes on, with its two best extensions B x1 and B x2; x2 is followed by eos almost surely,
+    and [B, x2, eos] wins once its length penalty is counted. keep_finished lets A hold a slot, keeps only
+    B x1 and answers A. refill keeps C too, whose extension C y (then eos) outranks B x2: it answers
+    [C, y, eos], where the exercise answers A."""
+    vocab, max_len = int(rng.integers(7, 10)), int(rng.integers(4, 7))
+    eos, bos, b, c, x1, x2, y = (int(v) for v in rng.permutation(vocab)[:7])
+    jitter = lambda: float(rng.uniform(-0.01, 0.01))              # noqa: E731
+    table = np.zeros((max_len, vocab, vocab))
+    table[:, :, eos] = -1.0                                       # flat elsewhere, eos a little less likely
+
+    def plant(step, prev, probs):
+        rest = (1 - sum(probs.values())) / (vocab - len(probs))
+        row = np.full(vocab, np.log(rest))
+        for token, q in probs.items():
+            row[token] = np.log(q)
+        table[step, prev] = row
+    if kind == "keep_finished":
+        plant(0, bos, {b: 0.5 + jitter(), eos: 0.3 + jitter(), c: 0.12})
+        plant(1, b, {x1: 0.5 + jitter(), x2: 0.45 + jitter()})
+    else:
+        plant(0, bos, {b: 0.45 + jitter(), eos: 0.25 + jitter(), c: 0.2 + jitter()})
+        plant(1, b, {x1: 0.4 + jitter(), x2: 0.35 + jitter()})
+        plant(1, c, {y: 0.98})
+        plant(2, y, {eos: 0.97})
+    plant(2, x2, {eos: 0.97})
+    table, memory = torch.from_numpy(table).to(dtype), torch.zeros(1, max_len, vocab, dtype=dtype)
+    args = [memory, None, bos, eos, max_len, 2, 1.0]
+    right = ref.beam_search(score_table(table), *args, pad=-1)[0][0].tolist()
+    other = _plain_beam(score_table(table), memory, None, bos, eos, max_len, 2, 1.0, kind)[0][0].tolist()
+    assert [v for v in right if v >= 0] != other, f"the planted {kind} table does not decide the answer"
+    return table, args
+
+
 @hidden_test("ch05.beam_search")
 def beam_search(rng):
     """Every setting gets its case from problems drawn for it alone (no setting can use up the others' draws),
     and a case is made of chosen rows of a larger drawn batch: every property a case needs is then common, so
-    that the builder finds one within a few draws under any salt (tests/test_salts.py runs it under many)."""
+    that the builder finds one within a few draws under any salt (tests/test_salts.py runs it under many).
+    Four more cases are planted tables (_planted_beam) where a finished hypothesis' freed slot decides."""
     cases = []
     settings = [(b, a) for a in ALPHAS for b in BEAM_SIZES] + [(2, 0.0), (3, 0.6), (5, 1.0), (3, 0.0)]
     for i, (beam, alpha) in enumerate(settings):
@@ -459,6 +501,11 @@ def beam_search(rng):
                                 describe=f"(a score table: batch of {len(chosen)}, V={vocab}, max_len={max_len}, "
                                          f"beam_size={beam}, alpha={alpha}, {'ties, ' if ties else ''}"
                                          f"{str(dtype)[6:]}{', memory_mask=None' if mask is None else ''})"))
+    for i, kind in enumerate(["keep_finished", "refill", "keep_finished", "refill"]):
+        table, args = _planted_beam(rng, kind, DTYPES[i // 2])
+        cases.append(layer_case(ref.beam_search, "score_table", table, args,
+                                describe=f"(a score table: batch of 1, V={table.shape[-1]}, max_len={args[4]}, "
+                                         f"beam_size=2, alpha=1.0, {str(DTYPES[i // 2])[6:]}, memory_mask=None)"))
     return cases
 
 
@@ -594,6 +641,15 @@ def check_data():
 
     # Beam search with the score table attncourse.layers.score_table, and what each classic mistake gives.
     data["beam"] = _beam_check_case()
+    rng = np.random.default_rng(2022)               # two planted tables where a freed slot decides the answer
+    data["beam"]["planted"] = []
+    for kind in ("keep_finished", "refill"):
+        table, args = _planted_beam(rng, kind, torch.float64)
+        right = ref.beam_search(score_table(table), *args)
+        wrong = _plain_beam(score_table(table), *args, kind)
+        data["beam"]["planted"].append({"kind": kind, "table": table, "max_len": args[4], "bos": args[2],
+                                        "eos": args[3], "tokens": right[0], "scores": right[1],
+                                        "mistake_tokens": wrong[0], "mistake_scores": wrong[1]})
     return data
 
 
@@ -671,10 +727,14 @@ BEAM_MISTAKES = ("no_penalty", "eos_not_counted", "eos_expanded", "top_per_beam"
 
 
 def _plain_beam(decode, memory, mask, bos, eos, max_len, beam, alpha, mistake=None):
-    """Beam search one row at a time with lists, as the exercise states it, or with one of BEAM_MISTAKES."""
+    """Beam search one row at a time with lists, as the exercise states it, or with one of BEAM_MISTAKES or of
+    the two beam forms of other codebases the text sets apart: "keep_finished" (a finished hypothesis keeps its
+    slot in the beam, as in the common vectorised form) and "refill" (fairseq's and Hugging Face's: of the top
+    2 beam_size candidates, those in the first beam_size that end are finished, and the first beam_size that
+    do not end go on, so the beam never shrinks)."""
     answers, scores = [], []
     for b in range(memory.shape[0]):
-        alive, best = [([], 0.0)], None
+        alive, best, held = [([], 0.0)], None, []
         for t in range(1, max_len + 1):
             candidates = []
             for tokens, logp in alive:
@@ -690,8 +750,14 @@ def _plain_beam(decode, memory, mask, bos, eos, max_len, beam, alpha, mistake=No
                 candidates = sorted(candidates, key=lambda c: (-float(c[1]), c[0][-1]))
             elif mistake != "top_per_beam":
                 candidates = sorted(candidates, key=lambda c: -float(c[1]))
+            kept = candidates[:beam]
+            if mistake == "keep_finished":              # finished hypotheses keep competing for the beam's slots
+                pool = sorted([(c, False) for c in candidates] + [(h, True) for h in held], key=lambda c: -float(c[0][1]))
+                held, kept = [c for c, fin in pool[:beam] if fin], [c for c, fin in pool[:beam] if not fin]
+            elif mistake == "refill" and t < max_len:   # fairseq / Hugging Face: the first beam_size that go on,
+                kept = [c for c in kept if c[0][-1] == eos] + [c for c in candidates[:2 * beam] if c[0][-1] != eos][:beam]
             alive = []
-            for tokens, logp in candidates[:beam]:
+            for tokens, logp in kept:
                 ends = tokens[-1] == eos and mistake != "eos_expanded"
                 if ends or t == max_len:
                     length = t - (mistake == "eos_not_counted" and tokens[-1] == eos)
@@ -700,6 +766,8 @@ def _plain_beam(decode, memory, mask, bos, eos, max_len, beam, alpha, mistake=No
                         tokens = tokens[:tokens.index(eos) + 1]
                     if best is None or score > best[0]:
                         best = (score, tokens)
+                    if mistake == "keep_finished":
+                        held.append((tokens, logp))
                 else:
                     alive.append((tokens, logp))
             if not alive or (mistake == "first_finished" and best is not None):

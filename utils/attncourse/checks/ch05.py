@@ -579,6 +579,17 @@ def _same_answer(tokens, scores, stored_tokens, stored_scores, atol=1e-9):
     return same(tokens, torch.tensor(stored_tokens)) and close(scores, tensor(stored_scores), atol)
 
 
+# Two beam forms of other codebases, which the exercise's text sets apart (see _plain_beam in the grader).
+_BEAM_FORMS = {
+    "keep_finished": "a finished hypothesis keeps its slot in your beam (the common vectorised form, where it "
+                     "competes with its frozen log-probability): in this exercise it is set aside at once, and each "
+                     "step keeps the best beam_size candidates of the unfinished hypotheses' extensions",
+    "refill": "you refill the beam with the first beam_size candidates that do not end (fairseq's and Hugging Face's "
+              "form, from the top 2 beam_size): in this exercise the step keeps the best beam_size candidates, those "
+              "that end included, so the beam holds fewer unfinished hypotheses after one finishes",
+}
+
+
 def check_beam_search(fn):
     """Check beam_search(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0) on a score
     table (attncourse.layers.score_table): widths 1, 2 and 3, alpha 0, 0.6 and 1, exact ties, float32."""
@@ -631,3 +642,17 @@ def check_beam_search(fn):
              "(torch.sort(..., descending=True, stable=True)), so that equal ones keep the lower hypothesis index, then "
              "the lower token id")
     ok("float32 in, float32 scores out; exact ties broken by hypothesis index, then token id")
+    for e in c["planted"]:
+        table = tensor(e["table"])
+        out = call(fn, score_table(table), torch.zeros(1, e["max_len"], table.shape[-1], dtype=torch.float64), None,
+                   e["bos"], e["eos"], e["max_len"], 2, 1.0, what="beam_search with beam_size=2 where a hypothesis finishes "
+                   "at step 1")
+        tokens, scores = _beam_result(out, "beam_search where a hypothesis finishes at step 1", 1, torch.float64)
+        if _same_answer(tokens, scores, e["tokens"], e["scores"]):
+            continue
+        if _same_answer(tokens, scores, e["mistake_tokens"], e["mistake_scores"]):
+            fail(_BEAM_FORMS[e["kind"]])
+        fail(f"where a hypothesis finishes at step 1 (beam_size=2, alpha=1.0) your search answers\n{tokens}\ninstead of\n"
+             f"{torch.tensor(e['tokens'])}: a finished hypothesis leaves the beam, and each step keeps the best "
+             "beam_size candidates of the unfinished ones' extensions")
+    ok("a finished hypothesis leaves the beam, and the next step keeps the best beam_size of the others' extensions")
