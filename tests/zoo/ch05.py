@@ -787,6 +787,49 @@ def _beam_other_form(decode, memory, memory_mask, bos, eos, max_len, beam_size, 
     return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
 
 
+def _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, rank, stop_bound):
+    """Beam search with lists, one row at a time: ``rank`` orders the candidates, ``stop_bound(t)`` is the
+    length penalty the early stop divides the best unfinished log-probability by."""
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                lps = F.log_softmax(decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1], dim=-1)
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            alive = []
+            for tokens, logp in sorted(candidates, key=rank)[:beam_size]:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                else:
+                    alive.append((tokens, logp))
+            if not alive or (best is not None and best[0] >= max(float(lp) for _, lp in alive) / stop_bound(t)):
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
+
+
+@_add("beam search breaking ties by token id before hypothesis", "beam_search", {"test_beam_search"}, "check_beam_search",
+      "stable sort")
+def beam_ties_by_token(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    return _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad,
+                       rank=lambda c: (-float(c[1]), c[0][-1]), stop_bound=lambda t: ((5 + max_len) / 6) ** alpha)
+
+
+@_add("beam search stopping early against lp(t), not lp(max_len)", "beam_search", {"test_beam_search"},
+      "check_beam_search", "lp(max_len)")
+def beam_stop_lp_t(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    return _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad,
+                       rank=lambda c: -float(c[1]), stop_bound=lambda t: ((5 + t) / 6) ** alpha)
+
+
 @_add("beam search where a finished hypothesis keeps its slot", "beam_search", {"test_beam_search"}, "check_beam_search",
       "keeps its slot")
 def beam_keep_finished(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):

@@ -386,14 +386,20 @@ def _first_finished(decode, memory, mask, bos, eos, max_len, beam):
 # cases, float64 in half of them.
 BEAM_SIZES, ALPHAS = (1, 2, 3, 5), (0.0, 0.6, 1.0)
 BEAM_ROWS = 8           # rows drawn per problem, of which a case keeps 1 to 3 (rows are searched independently)
-BEAM_TRIES = 200        # problems drawn per setting at most; the rarest setting needs about 3 on average
+# Settings (by index) whose case must also catch a mistake the zoo and the text name, under any salt: ties
+# broken by token id before hypothesis, and the early stop bounded with lp(t) (both need ties or alpha > 0).
+BEAM_EXTRA = {5: ("token_first",), 9: ("token_first", "stop_lp_t"), 13: ("stop_lp_t",)}
+BEAM_TRIES = 1000       # problems drawn per setting at most: a salt's hardest setting took 36 draws on average and
+                        # 129 at most over 80 salts; 1,000 leaves a chance of about 1e-12 of running out
 
 
-def _beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties):
+def _beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties, extra=()):
     """Per row of a drawn problem: its answer's length, and which of the properties a case needs it shows:
     "greedy" (greedy decoding finds another answer), "first" (the first hypothesis to finish is not the
     answer: the search must go on), "ranked" (ranking each hypothesis' candidates apart, the top_per_beam
-    mistake, gives another answer) and "ties" (the tie-breaking rule decides the answer)."""
+    mistake, gives another answer), "ties" (the tie-breaking rule decides the answer) and those of ``extra``,
+    mistakes of _plain_beam that give another answer ("token_first": ties by token id first; "stop_lp_t": the
+    early stop bounded with lp(t) instead of lp(max_len))."""
     decode = score_table(table)
     tokens, _ = ref.beam_search(decode, memory, mask, bos, eos, max_len, beam, alpha, pad=-1)
     answers = [[v for v in row if v >= 0] for row in tokens.tolist()]
@@ -414,6 +420,12 @@ def _beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties):
         for row, decides in zip(rows, _ties_decide(table, memory, mask, bos, eos, max_len, beam, alpha, answers)):
             if decides:
                 row["shows"].add("ties")
+    for mistake in extra:
+        for b, row in enumerate(rows):
+            row_mask = None if mask is None else mask[b:b + 1]
+            if _plain_beam(decode, memory[b:b + 1], row_mask, bos, eos, max_len, beam, alpha, mistake)[0][0].tolist() \
+                    != answers[b]:
+                row["shows"].add(mistake)
     return rows
 
 
@@ -432,8 +444,9 @@ def _pick_rows(rows, batch, max_len, needed):
 
 
 def _planted_beam(rng, kind, dtype):
-    """A score table built so that a finished hypothesis' freed slot decides the answer (beam_size 2,
-    alpha 1): ``kind`` "keep_finished" or "refill" gives another answer than the exercise's beam search.
+    """A score table built so that a finished hypothesis' freed slot (or the early stop's bound) decides the
+    answer (beam_size 2, alpha 1): ``kind`` "keep_finished", "refill" or "stop_lp_t" gives another answer than
+    the exercise's beam search.
     Random tables (as in _beam_problem) almost never do. Token roles, sizes and the probabilities' small
     jitter are drawn; where no role is planted, every token is about equally likely and eos a little less,
     so a path that leaves the planted ones only loses.
@@ -442,7 +455,8 @@ def _planted_beam(rng, kind, dtype):
     so only B goes on, with its two best extensions B x1 and B x2; x2 is followed by eos almost surely,
     and [B, x2, eos] wins once its length penalty is counted. keep_finished lets A hold a slot, keeps only
     B x1 and answers A. refill keeps C too, whose extension C y (then eos) outranks B x2: it answers
-    [C, y, eos], where the exercise answers A."""
+    [C, y, eos], where the exercise answers A. "stop_lp_t": A = [eos] is first at step 1 and B second, whose
+    best future is [B, x2, eos]: an early stop that bounds B with lp(1) instead of lp(max_len) answers A."""
     vocab, max_len = int(rng.integers(7, 10)), int(rng.integers(4, 7))
     eos, bos, b, c, x1, x2, y = (int(v) for v in rng.permutation(vocab)[:7])
     jitter = lambda: float(rng.uniform(-0.01, 0.01))              # noqa: E731
@@ -455,7 +469,10 @@ def _planted_beam(rng, kind, dtype):
         for token, q in probs.items():
             row[token] = np.log(q)
         table[step, prev] = row
-    if kind == "keep_finished":
+    if kind == "stop_lp_t":                                       # A = [eos] first, then B, whose only way
+        plant(0, bos, {eos: 0.4 + jitter(), b: 0.35 + jitter()})   # on is B x2 eos: the bound with lp(1) stops
+        plant(1, b, {x2: 0.99})                                   # at step 1, the one with lp(max_len) does not
+    elif kind == "keep_finished":
         plant(0, bos, {b: 0.5 + jitter(), eos: 0.3 + jitter(), c: 0.12})
         plant(1, b, {x1: 0.5 + jitter(), x2: 0.45 + jitter()})
     else:
@@ -477,18 +494,20 @@ def beam_search(rng):
     """Every setting gets its case from problems drawn for it alone (no setting can use up the others' draws),
     and a case is made of chosen rows of a larger drawn batch: every property a case needs is then common, so
     that the builder finds one within a few draws under any salt (tests/test_salts.py runs it under many).
-    Four more cases are planted tables (_planted_beam) where a finished hypothesis' freed slot decides."""
+    Six more cases are planted tables (_planted_beam) where a freed slot or the early stop's bound decides."""
     cases = []
     settings = [(b, a) for a in ALPHAS for b in BEAM_SIZES] + [(2, 0.0), (3, 0.6), (5, 1.0), (3, 0.0)]
     for i, (beam, alpha) in enumerate(settings):
         dtype, ties = DTYPES[i % 2], i % 4 < 2
-        needed = ({"greedy", "first", "ranked"} if beam > 1 else set()) | ({"ties"} if ties else set())
+        extra = BEAM_EXTRA.get(i, ())
+        needed = ({"greedy", "first", "ranked"} if beam > 1 else set()) | ({"ties"} if ties else set()) | set(extra)
         for _ in range(BEAM_TRIES):
             batch, vocab, max_len = int(rng.integers(1, 4)), int(rng.integers(4, 8)), int(rng.integers(4, 8))
+            batch = 3 if extra else batch                   # more rows, more ways to show every property
             eos, bos = (int(x) for x in rng.choice(vocab, 2, replace=False))
             table, memory = _beam_problem(rng, BEAM_ROWS, vocab, max_len, eos, dtype, ties)
             mask = None if i % 3 == 0 else padding_mask(rng, BEAM_ROWS, max_len)
-            chosen = _pick_rows(_beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties),
+            chosen = _pick_rows(_beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties, extra),
                                 batch, max_len, needed)
             if chosen is not None:
                 break
@@ -501,11 +520,11 @@ def beam_search(rng):
                                 describe=f"(a score table: batch of {len(chosen)}, V={vocab}, max_len={max_len}, "
                                          f"beam_size={beam}, alpha={alpha}, {'ties, ' if ties else ''}"
                                          f"{str(dtype)[6:]}{', memory_mask=None' if mask is None else ''})"))
-    for i, kind in enumerate(["keep_finished", "refill", "keep_finished", "refill"]):
-        table, args = _planted_beam(rng, kind, DTYPES[i // 2])
+    for i, kind in enumerate(["keep_finished", "refill", "stop_lp_t"] * 2):
+        table, args = _planted_beam(rng, kind, DTYPES[i // 3])
         cases.append(layer_case(ref.beam_search, "score_table", table, args,
                                 describe=f"(a score table: batch of 1, V={table.shape[-1]}, max_len={args[4]}, "
-                                         f"beam_size=2, alpha=1.0, {str(DTYPES[i // 2])[6:]}, memory_mask=None)"))
+                                         f"beam_size=2, alpha=1.0, {str(DTYPES[i // 3])[6:]}, memory_mask=None)"))
     return cases
 
 
@@ -641,9 +660,9 @@ def check_data():
 
     # Beam search with the score table attncourse.layers.score_table, and what each classic mistake gives.
     data["beam"] = _beam_check_case()
-    rng = np.random.default_rng(2022)               # two planted tables where a freed slot decides the answer
+    rng = np.random.default_rng(2022)               # planted tables where a freed slot or the stop decides
     data["beam"]["planted"] = []
-    for kind in ("keep_finished", "refill"):
+    for kind in ("keep_finished", "refill", "stop_lp_t"):
         table, args = _planted_beam(rng, kind, torch.float64)
         right = ref.beam_search(score_table(table), *args)
         wrong = _plain_beam(score_table(table), *args, kind)
@@ -772,6 +791,9 @@ def _plain_beam(decode, memory, mask, bos, eos, max_len, beam, alpha, mistake=No
                     alive.append((tokens, logp))
             if not alive or (mistake == "first_finished" and best is not None):
                 break
+            if mistake == "stop_lp_t" and best is not None and \
+                    best[0] >= max(float(lp) for _, lp in alive) / ((5 + t) / 6) ** alpha:
+                break                                   # the bound with lp(t), not lp(max_len): stops too early
         answers.append(best[1])
         scores.append(best[0])
     width = max(len(a) for a in answers)

@@ -579,7 +579,8 @@ def _same_answer(tokens, scores, stored_tokens, stored_scores, atol=1e-9):
     return same(tokens, torch.tensor(stored_tokens)) and close(scores, tensor(stored_scores), atol)
 
 
-# Two beam forms of other codebases, which the exercise's text sets apart (see _plain_beam in the grader).
+# Two beam forms of other codebases, which the exercise's text sets apart, and an early stop with the wrong
+# bound (see _plain_beam in the grader).
 _BEAM_FORMS = {
     "keep_finished": "a finished hypothesis keeps its slot in your beam (the common vectorised form, where it "
                      "competes with its frozen log-probability): in this exercise it is set aside at once, and each "
@@ -587,6 +588,10 @@ _BEAM_FORMS = {
     "refill": "you refill the beam with the first beam_size candidates that do not end (fairseq's and Hugging Face's "
               "form, from the top 2 beam_size): in this exercise the step keeps the best beam_size candidates, those "
               "that end included, so the beam holds fewer unfinished hypotheses after one finishes",
+    "stop_lp_t": "you stopped too early: the bound on what an unfinished hypothesis can still score is its "
+                 "log-probability divided by lp(max_len), the largest penalty a continuation can get (log P only falls, "
+                 "and dividing it by a larger lp raises the score); dividing by lp(t), its current length's, "
+                 "underestimates it",
 }
 
 
