@@ -551,6 +551,12 @@ def update_floor_mean(bias, experts, gamma):
     return bias.detach() + gamma * torch.sign(experts.numel() // bias.shape[-1] - load)
 
 
+@_add("bias update that keeps autograd history", "update_bias", UPDATE, "check_update_bias", "autograd history")
+def update_with_history(bias, experts, gamma):
+    load = torch.bincount(experts.reshape(-1), minlength=bias.shape[-1]).to(bias.dtype)
+    return bias + gamma * torch.sign(experts.numel() / bias.shape[-1] - load)
+
+
 @_add("bias updated in place", "update_bias", UPDATE, "check_update_bias", "in place")
 def update_in_place(bias, experts, gamma):
     load = torch.bincount(experts.reshape(-1), minlength=bias.shape[-1]).to(bias.dtype)

@@ -83,6 +83,17 @@ def _cotangents(outputs, rng, grad_outputs):
     return [torch.from_numpy(rng.standard_normal(outputs[i].shape)).to(outputs[i].dtype) for i in grad_outputs]
 
 
+def no_history_case(fn, args, held, describe=""):
+    """A call ``fn(*args)`` whose arguments ``held`` (indices) require grad, where the text says the output has
+    no autograd history: the client adds one boolean output (does any returned tensor require grad?), which
+    must be False, so that a result computed with autograd on fails however right its numbers."""
+    case = function_case(fn, args, describe=describe)
+    case.call["requires_grad"] = list(held)
+    case.expected.append(np.array(False))
+    case.labels = ["your value"] if len(case.expected) == 2 else []
+    return case
+
+
 def function_case(fn, args, kwargs=None, *, rng=None, grad_args=(), grad_outputs=(0,), describe="", tol=None):
     """A call ``fn(*args, **kwargs)``; with ``grad_args``, also d<outputs, cotangents>/d args."""
     kwargs = kwargs or {}
@@ -151,6 +162,9 @@ def compare(case, got):
     exp = case.expected
     if len(got) != len(exp):
         return f"expected {len(exp)} returned value(s) (plus gradients), got {len(got)}"
+    if "requires_grad" in case.call and got[-1].shape == () and bool(got[-1]):      # no_history_case's flag
+        return ("the returned tensor carries autograd history (requires_grad=True when its input requires grad): "
+                "the text says it has none; compute it under torch.no_grad() or from .detach()")
     outputs = len(exp) - len(case.call.get("grad", {}).get("args", []))      # the call's own outputs, then gradients
     for i, (g, e) in enumerate(zip(got, exp)):
         # One output (a loss, a count) is "your value"; of several, the message says which.

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import moe as ref
-from . import fixed, function_case, hidden_test, module_case, module_grad_case
+from . import fixed, function_case, hidden_test, module_case, module_grad_case, no_history_case
 
 DTYPES = [torch.float32, torch.float64]
 # RMSNorm is written from scratch: PyTorch's own may not do it.
@@ -275,6 +275,11 @@ def update_bias(rng):
                 experts = experts.reshape(2, tokens // 2, k) if tokens % 2 == 0 else experts[None]
         bias = _tensor(rng, (n_experts,), dtype, 0.01)
         gamma = [1e-3, 0.01, 0.25, 0.05][i % 4]
+        if i % 3 == 1:           # a bias that requires grad (a module's buffer may): the new one has no history
+            cases.append(no_history_case(ref.update_bias, [bias, experts, gamma], held=(0,),
+                                         describe=f"(bias [{n_experts}] {str(dtype)[6:]} with requires_grad=True, "
+                                                  f"experts {list(experts.shape)}, gamma={gamma})"))
+            continue
         cases.append(function_case(ref.update_bias, [bias, experts, gamma]))
     for i in range(6):
         # T k not a multiple of E in four cases (experts at the whole part of the mean are below it, not at it),
