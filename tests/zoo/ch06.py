@@ -589,6 +589,26 @@ def gqa_strided_heads(self, x, past_kv=None):
     return self.resid_dropout(self.c_proj(y)), (k, v)
 
 
+@_add("query head h reads key/value head h // n_kv_head (not h // group)", "gqa", {"test_gqa", "test_gqa_cache"},
+      "check_gqa", "h // n_kv_head = h // 4")
+def gqa_by_kv_count(self, x, past_kv=None):
+    B, T, C = x.shape
+    D = C // self.n_head
+    q, k, v = self.c_attn(x).split([C, self.n_kv_head * D, self.n_kv_head * D], dim=-1)
+    q = q.view(B, T, self.n_head, D).transpose(1, 2)
+    k, v = (t.view(B, T, self.n_kv_head, D).transpose(1, 2) for t in (k, v))
+    mask = None
+    if past_kv is not None:
+        t_past = past_kv[0].shape[2]
+        k, v = torch.cat([past_kv[0], k], dim=2), torch.cat([past_kv[1], v], dim=2)
+        mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
+    head = torch.arange(self.n_head) // self.n_kv_head
+    y = F.scaled_dot_product_attention(q, k[:, head], v[:, head], attn_mask=mask, is_causal=mask is None,
+                                       dropout_p=self.dropout if self.training else 0.0)
+    y = y.transpose(1, 2).reshape(B, T, C)
+    return self.resid_dropout(self.c_proj(y)), (k, v)
+
+
 @_add("attention dropout applied in evaluation mode too", "gqa", {"test_gqa", "test_gqa_cache"}, "check_gqa",
       "in evaluation mode (module.eval())")
 def gqa_dropout_in_eval(self, x, past_kv=None):
@@ -715,6 +735,25 @@ def gqa_from_mha_queries_pooled(weight, bias, n_head, n_kv_head):
 
 # ---- speculative decoding --------------------------------------------------------------------------------------
 SPEC = {"test_speculative_step", "test_speculative_distribution"}
+
+
+@_add("the uniforms drawn position by position (another order of draws)", "speculative_step", {"test_speculative_step"},
+      "check_speculative_step", "order of draws")
+def spec_uniforms_by_position(target_probs, draft_probs, draft_tokens, generator=None):
+    k, V = draft_tokens.shape[-1], target_probs.shape[-1]
+    u = torch.stack([torch.rand(draft_tokens.shape[:-1], generator=generator, dtype=target_probs.dtype)
+                     for _ in range(k)], dim=-1)                     # [..., k], drawn one position at a time
+    p = target_probs[..., :k, :].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    n = (u < p / q).long().cumprod(-1).sum(-1)
+    p_n = target_probs.gather(-2, n[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    q_n = draft_probs.gather(-2, n.clamp(max=k - 1)[..., None, None].expand(*n.shape, 1, V))[..., 0, :]
+    weights = torch.where((n < k)[..., None], (p_n - q_n).clamp(min=0), p_n)
+    nxt = torch.multinomial(weights.reshape(-1, V), 1, generator=generator).reshape(n.shape)
+    position = torch.arange(k + 1)
+    padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], -1)], dim=-1)
+    out = torch.where(position < n[..., None], padded, -1)
+    return torch.where(position == n[..., None], nxt[..., None], out)
 
 
 @_add("the correction resampled from the target's p, not from max(0, p - q)", "speculative_step", SPEC,

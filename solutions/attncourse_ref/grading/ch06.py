@@ -954,8 +954,9 @@ def speculative_distribution(rng):
 
 
 # ---- the visible checks' stored cases for grouped-query attention and speculative decoding -------------------
-def _gqa_variant(module, x, past=None, strided=False, top_left=False, no_mask=False):
-    """The reference grouped-query attention with one known mistake, for the visible checks to recognise it."""
+def _gqa_variant(module, x, past=None, strided=False, top_left=False, no_mask=False, by_kv_count=False):
+    """The reference grouped-query attention with one known mistake, for the visible checks to recognise it
+    (``by_kv_count``: query head h reads key/value head h // n_kv_head instead of h // (n_head // n_kv_head))."""
     b, t, c = x.shape
     d = c // module.n_head
     q, k, v = module.c_attn(x).split([c, module.n_kv_head * d, module.n_kv_head * d], dim=-1)
@@ -964,7 +965,10 @@ def _gqa_variant(module, x, past=None, strided=False, top_left=False, no_mask=Fa
     if past is not None:
         k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
     group = module.n_head // module.n_kv_head
-    k, v = (u.repeat(1, group, 1, 1) if strided else u.repeat_interleave(group, dim=1) for u in (k, v))
+    if by_kv_count:
+        k, v = (u[:, torch.arange(module.n_head) // module.n_kv_head] for u in (k, v))
+    else:
+        k, v = (u.repeat(1, group, 1, 1) if strided else u.repeat_interleave(group, dim=1) for u in (k, v))
     mask = None
     if past is not None and not top_left and not no_mask:
         mask = torch.ones(t, k.shape[2], dtype=torch.bool).tril(k.shape[2] - t)
@@ -1016,15 +1020,23 @@ def _gqa_check_data(rng):
            "y_cached_strided": _gqa_variant(attn, xc, past, strided=True),
            "y_cached_top_left": _gqa_variant(attn, xc, past, top_left=True),
            "y_cached_no_mask": _gqa_variant(attn, xc, past, no_mask=True)}
+    # 8 query heads and 4 key/value heads: h // (n_head // n_kv_head) = h // 2 and h // n_kv_head = h // 4 differ
+    # (with 4 and 2 they are the same)
+    wide_init = {"n_embd": 16, "n_head": 8, "n_kv_head": 4}
+    wide = _randomize(ref.GroupedQueryAttention(**wide_init), rng).double().eval()
+    x_wide = fixed((2, 4, 16), 80)
+    gqa["wide"] = {"init": wide_init, "state": dict(wide.state_dict()), "x": x_wide, "y": wide(x_wide)[0],
+                   "y_by_kv_count": _gqa_variant(wide, x_wide, by_kv_count=True)}
     weight, bias = fixed((36, 12), 75), fixed((36,), 76)
     converted = ref.gqa_from_mha(weight, bias, 4, 2)
     conversion = {"weight": weight, "bias": bias, "n_head": 4, "n_kv_head": 2,
                   "expected_weight": converted[0], "expected_bias": converted[1],
                   **{f"{how}_weight": _gqa_from_mha_variant(weight, bias, 4, 2, how)[0]
                      for how in ("first", "strided", "sum")}}
-    # speculative decoding: 3 rows, k = 3, V = 6, seed 0: what the reference returns
-    p = torch.softmax(fixed((3, 4, 6), 77) * 2, -1)
-    q = torch.softmax(fixed((3, 3, 6), 78) * 2, -1)
-    xs = torch.multinomial(q.reshape(-1, 6), 1, generator=torch.Generator().manual_seed(79)).reshape(3, 3)
+    # speculative decoding: 16 rows (with 3, drawing the uniforms in another order could pass), k = 3, V = 6,
+    # seed 0: what the reference returns
+    p = torch.softmax(fixed((16, 4, 6), 77) * 2, -1)
+    q = torch.softmax(fixed((16, 3, 6), 78) * 2, -1)
+    xs = torch.multinomial(q.reshape(-1, 6), 1, generator=torch.Generator().manual_seed(79)).reshape(16, 3)
     spec = {"p": p, "q": q, "x": xs, "out": ref.speculative_step(p, q, xs, torch.Generator().manual_seed(0))}
     return {"gqa": gqa, "gqa_from_mha": conversion, "speculative": spec}

@@ -795,7 +795,20 @@ def check_gqa(cls):
         fail("y is right but the returned (k, v) are not this call's keys and values, [B, n_kv_head, T, D], before "
              "they are repeated for the query heads")
     _check_dropout_and_float32(cls, c, module, x, "GroupedQueryAttention")
-    ok("GroupedQueryAttention: 4 query heads share 2 key/value heads (h // 2), the cache holds 2 heads")
+    w = c["wide"]
+    wide = build_module(cls, w["init"], "GroupedQueryAttention", w["state"])
+    with forbidding(NO_MHA, "GroupedQueryAttention"):
+        y8 = _kv(call(wide, tensor(w["x"]), what="GroupedQueryAttention(16, 8, 4).forward(x)"),
+                 "GroupedQueryAttention.forward")[0]
+    if not close(y8, tensor(w["y"])):
+        if close(y8, tensor(w["y_by_kv_count"])):
+            fail("with 8 query heads and 4 key/value heads, query head h must read key/value head h // (n_head // "
+                 "n_kv_head) = h // 2 (groups of consecutive query heads); yours reads h // n_kv_head = h // 4. With 4 "
+                 "query heads and 2 key/value heads the two are the same")
+        fail(f"with 8 query heads and 4 key/value heads the output differs from the expected one (max error "
+             f"{max_error(y8, tensor(w['y'])):.3g})")
+    ok("GroupedQueryAttention: 4 query heads share 2 key/value heads (h // 2), and 8 share 4; the cache holds "
+       "n_kv_head heads")
 
 
 @torch.no_grad()
@@ -927,14 +940,14 @@ def check_speculative_step(fn):
              "last draft token, not from an earlier distribution")
     c = _data()["speculative"]
     pc, qc, xc = tensor(c["p"]), tensor(c["q"]), torch.tensor(c["x"])
-    got = _spec_call(fn, pc, qc, xc, 0, "speculative_step(p [3, 4, 6], q [3, 3, 6], x [3, 3], seed 0)")
+    got = _spec_call(fn, pc, qc, xc, 0, "speculative_step(p [16, 4, 6], q [16, 3, 6], x [16, 3], seed 0)")
     want = torch.tensor(c["out"])
     if not same(got, want):
         fail(f"the rules are right, but with a generator of seed 0 the reference returns {want.tolist()} and yours "
              f"{got.tolist()}: follow the docstring's order of draws (all k uniforms first, as one torch.rand of "
              "target_probs' dtype, then one torch.multinomial for all rows) so that the hidden tests can compare tokens")
     got32 = _spec_call(fn, pc.float(), qc.float(), xc, 0, "speculative_step with float32 probabilities")
-    if not same(got32[..., 0] >= 0, torch.ones(3, dtype=torch.bool)):
+    if not same(got32[..., 0] >= 0, torch.ones(len(xc), dtype=torch.bool)):
         fail("with float32 probabilities every row must still start with a token")
     single = call(fn, pc[0], qc[0], xc[0], torch.Generator().manual_seed(0), what="speculative_step without a batch axis")
     expect_tensor(single, "the result for one sequence (p [4, 6], q [3, 6], x [3])", shape=(4,), dtype=torch.long)
