@@ -625,6 +625,26 @@ def deepseek_no_grad_routing(self, x):
     return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
 
 
+@_add("DeepSeekMoE output buffer made in float32 (torch.zeros(shape))", "deepseek_moe", DEEPSEEK, "check_deepseek_moe",
+      "torch.zeros(shape) is float32")
+def deepseek_float32_buffer(self, x):
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = self.router(tokens)
+    gates, experts = biased_top_k_router_ref(logits, self.bias, self.k)
+    y = torch.zeros(tokens.shape)                     # float32, whatever x's dtype
+    for expert in self.shared:
+        y = y + expert(tokens)
+    for e, expert in enumerate(self.experts):
+        token, slot = torch.where(experts == e)
+        y = y.index_add(0, token, gates[token, slot, None] * expert(tokens[token]))
+    return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
+
+
+def biased_top_k_router_ref(logits, bias, k):
+    experts = torch.sort(logits + bias, dim=-1, descending=True, stable=True).indices[..., :k]
+    return torch.softmax(logits.gather(-1, experts), dim=-1), experts
+
+
 @_add("DeepSeekMoE returns the biased logits", "deepseek_moe", DEEPSEEK, "check_deepseek_moe", "unbiased")
 def deepseek_biased_logits(self, x):
     tokens = x.reshape(-1, x.shape[-1])

@@ -566,6 +566,11 @@ def _aux_free_data():
     x2 = fixed((5, 3), 14)
     deepseek.update({"two_init": {"d_model": 3, "d_hidden": 5, "n_experts": 4, "k": 1, "n_shared": 2},
                      "two_state": dict(two.state_dict()), "two_x": x2, "two_output": two(x2)[0]})
+    torch.manual_seed(8)                            # no shared expert, float64: the output is the routed sum alone
+    lone = ref.DeepSeekMoE(3, 5, 4, 2, n_shared=0).double()
+    x0 = fixed((4, 3), 15)
+    deepseek.update({"lone_init": {"d_model": 3, "d_hidden": 5, "n_experts": 4, "k": 2, "n_shared": 0},
+                     "lone_state": dict(lone.state_dict()), "lone_x": x0, "lone_output": lone(x0)[0]})
     return {"biased_router": biased_router, "bias_update": update, "deepseek": deepseek}
 
 

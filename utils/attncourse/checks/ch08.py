@@ -594,7 +594,20 @@ def check_deepseek_moe(cls):
         fail("no gradient reaches the router: the output depends on the router's weights through the gates (a softmax "
              "of the chosen logits), so the router can only learn if the gates are computed with autograd on. Do not "
              "route under torch.no_grad() or from detached logits (only the bias update is gradient-free)")
+    lone = build_module(cls, c["lone_init"], "DeepSeekMoE", c["lone_state"])
+    try:
+        with torch.no_grad():
+            y0 = lone(tensor(c["lone_x"]))[0]
+    except NotImplementedError:
+        raise
+    except Exception as exc:                           # noqa: BLE001 - what the learner's code raised, said plainly
+        fail(f"with no shared expert (n_shared=0) and float64 inputs your layer raised {type(exc).__name__}: {exc}. "
+             "Build the output in the input's dtype (torch.zeros_like(x)): torch.zeros(shape) is float32, and only the "
+             "shared experts' sum had hidden it")
+    expect_tensor(y0, "the output with no shared expert", shape=(4, 3), dtype=torch.float64)
+    if not close(y0, tensor(c["lone_output"])):
+        fail("with no shared expert (n_shared=0) the output differs: it is the gated routed experts' sum alone")
     y32, _ = _moe_output(module.float(), x.float(), "DeepSeekMoE in float32", 5)
     if not close(y32, expected, atol=1e-5):
         fail("float32 inputs give a different answer from float64 ones")
-    ok("two shared experts, the router's gradient, float32")
+    ok("two shared experts, none, the router's gradient, float32")
