@@ -41,6 +41,9 @@ def test_hidden_tests_fail_exactly_the_declared_cells(chapter, variant):
         verdict = run_hidden_test(f"{chapter}.{test_cell.removeprefix('test_')}", candidate)
         if test_cell in variant.fails:
             assert verdict["failures"], f"hidden test {test_cell} passed the wrong variant '{variant.name}'"
+        elif test_cell in variant.check_only:
+            assert not verdict["failures"], f"'{variant.name}' is lost by {test_cell}'s visible check alone, yet its " \
+                                            f"hidden test fails: {verdict['failures'][:1]}"
         else:
             assert not verdict["failures"], f"'{variant.name}' should pass {test_cell}: {verdict['failures'][:1]}"
 

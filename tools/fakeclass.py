@@ -43,7 +43,7 @@ def pack(variants):
     groups = []
     for v in variants:
         for g in groups:
-            if all(v.cell != o.cell and not (v.fails & o.fails) for o in g):
+            if all(v.cell != o.cell and not (v.loses & o.loses) for o in g):
                 g.append(v)
                 break
         else:
@@ -89,7 +89,7 @@ def cascade(instructor, variants, cell):
     fails = set(cells_tested(instructor)[cell])
     for v in variants:
         if v.cell == cell:
-            fails |= v.fails
+            fails |= v.loses
     return fails
 
 
@@ -168,7 +168,7 @@ def build(chapter, root, language="en", only=None):
     students = generic_students(chapter, instructor)
     for i, group in enumerate(pack(variants)):
         students.append(Student(f"zoo-{i + 1:02d}", {v.cell: v.impl for v in group},
-                                fails=set().union(*(v.fails for v in group)),
+                                fails=set().union(*(v.loses for v in group)),
                                 note="; ".join(v.name for v in group)))
     if only is not None:
         students = [s for s in students if s.name in only]

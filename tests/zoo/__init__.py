@@ -18,11 +18,17 @@ class Variant:
     check: str           # visible check function in attncourse.checks.<chapter>
     says: str            # phrase the visible check's message must contain
     hidden: tuple = ()   # hidden test ids (server side) this variant must fail; derived if empty
+    check_only: frozenset = frozenset()   # test cells it loses through their visible check alone (hidden test passes)
+
+    @property
+    def loses(self):
+        """The test cells nbgrader scores 0: those whose hidden test fails, and those whose visible check does."""
+        return self.fails | self.check_only
 
 
-def variant(name, cell, fails, check, says):
+def variant(name, cell, fails, check, says, check_only=()):
     def register(impl):
-        return Variant(name, cell, impl, frozenset(fails), check, says)
+        return Variant(name, cell, impl, frozenset(fails), check, says, check_only=frozenset(check_only))
     return register
 
 
@@ -30,9 +36,9 @@ def collector():
     """(variants, add) for a chapter's zoo module: ``@add(name, cell, fails, check, says)`` registers."""
     variants = []
 
-    def add(name, cell, fails, check, says):
+    def add(name, cell, fails, check, says, check_only=()):
         def register(impl):
-            variants.append(variant(name, cell, fails, check, says)(impl))
+            variants.append(variant(name, cell, fails, check, says, check_only)(impl))
             return impl
         return register
     return variants, add

@@ -748,10 +748,12 @@ def beam_first_finished(decode, memory, memory_mask, bos, eos, max_len, beam_siz
     return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
 
 
-def _beam_other_form(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, form):
-    """Beam search in one of two forms of other codebases: "keep_finished" (a finished hypothesis keeps its
-    slot and competes with its log-probability) or "refill" (the first beam_size candidates of the top
-    2 beam_size that do not end go on)."""
+def _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, rank=lambda c: -float(c[1]),
+                stop_at=None, form=None):
+    """Beam search with lists, one row at a time, with one departure from the exercise: ``rank`` orders the
+    candidates; ``stop_at(t)`` is the length penalty the early stop divides the best unfinished log-probability
+    by; ``form`` is "keep_finished" (a finished hypothesis keeps its slot and competes with its log-probability)
+    or "refill" (the first beam_size of the top 2 beam_size candidates that do not end go on)."""
     answers, scores = [], []
     for b in range(memory.shape[0]):
         mem = memory[b:b + 1]
@@ -762,13 +764,13 @@ def _beam_other_form(decode, memory, memory_mask, bos, eos, max_len, beam_size, 
             for tokens, logp in alive:
                 lps = F.log_softmax(decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1], dim=-1)
                 candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
-            candidates = sorted(candidates, key=lambda c: -float(c[1]))
+            candidates = sorted(candidates, key=rank)
             kept = candidates[:beam_size]
             if form == "keep_finished":
                 pool = sorted([(c, False) for c in candidates] + [(h, True) for h in held], key=lambda c: -float(c[0][1]))
                 held = [c for c, fin in pool[:beam_size] if fin]
                 kept = [c for c, fin in pool[:beam_size] if not fin]
-            elif t < max_len:
+            elif form == "refill" and t < max_len:
                 kept = [c for c in kept if c[0][-1] == eos] + [c for c in candidates[:2 * beam_size] if c[0][-1] != eos][:beam_size]
             alive = []
             for tokens, logp in kept:
@@ -779,36 +781,7 @@ def _beam_other_form(decode, memory, memory_mask, bos, eos, max_len, beam_size, 
                     held.append((tokens, logp))
                 else:
                     alive.append((tokens, logp))
-            if not alive:
-                break
-        answers.append(best[1])
-        scores.append(best[0])
-    width = max(len(a) for a in answers)
-    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
-
-
-def _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, rank, stop_bound):
-    """Beam search with lists, one row at a time: ``rank`` orders the candidates, ``stop_bound(t)`` is the
-    length penalty the early stop divides the best unfinished log-probability by."""
-    answers, scores = [], []
-    for b in range(memory.shape[0]):
-        mem = memory[b:b + 1]
-        mask = None if memory_mask is None else memory_mask[b:b + 1]
-        alive, best = [([], 0.0)], None
-        for t in range(1, max_len + 1):
-            candidates = []
-            for tokens, logp in alive:
-                lps = F.log_softmax(decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1], dim=-1)
-                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
-            alive = []
-            for tokens, logp in sorted(candidates, key=rank)[:beam_size]:
-                if tokens[-1] == eos or t == max_len:
-                    score = logp / ((5 + t) / 6) ** alpha
-                    if best is None or score > best[0]:
-                        best = (score, tokens)
-                else:
-                    alive.append((tokens, logp))
-            if not alive or (best is not None and best[0] >= max(float(lp) for _, lp in alive) / stop_bound(t)):
+            if not alive or (stop_at and best is not None and best[0] >= max(float(lp) for _, lp in alive) / stop_at(t)):
                 break
         answers.append(best[1])
         scores.append(best[0])
@@ -820,26 +793,26 @@ def _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha
       "stable sort")
 def beam_ties_by_token(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
     return _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad,
-                       rank=lambda c: (-float(c[1]), c[0][-1]), stop_bound=lambda t: ((5 + max_len) / 6) ** alpha)
+                       rank=lambda c: (-float(c[1]), c[0][-1]))
 
 
 @_add("beam search stopping early against lp(t), not lp(max_len)", "beam_search", {"test_beam_search"},
       "check_beam_search", "lp(max_len)")
 def beam_stop_lp_t(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
     return _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad,
-                       rank=lambda c: -float(c[1]), stop_bound=lambda t: ((5 + t) / 6) ** alpha)
+                       stop_at=lambda t: ((5 + t) / 6) ** alpha)
 
 
 @_add("beam search where a finished hypothesis keeps its slot", "beam_search", {"test_beam_search"}, "check_beam_search",
       "keeps its slot")
 def beam_keep_finished(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
-    return _beam_other_form(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, "keep_finished")
+    return _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, form="keep_finished")
 
 
 @_add("beam search refilled from the top 2 beam_size (fairseq, Hugging Face)", "beam_search", {"test_beam_search"},
       "check_beam_search", "refill the beam")
 def beam_refill(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
-    return _beam_other_form(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, "refill")
+    return _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, form="refill")
 
 
 @_add("beam search on raw logits", "beam_search", {"test_beam_search"}, "check_beam_search", "log_softmax")

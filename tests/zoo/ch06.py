@@ -737,8 +737,9 @@ def gqa_from_mha_queries_pooled(weight, bias, n_head, n_kv_head):
 SPEC = {"test_speculative_step", "test_speculative_distribution"}
 
 
+# Its law is right: the distribution's hidden test passes it, but that test cell runs the visible check first.
 @_add("the uniforms drawn position by position (another order of draws)", "speculative_step", {"test_speculative_step"},
-      "check_speculative_step", "order of draws")
+      "check_speculative_step", "order of draws", check_only={"test_speculative_distribution"})
 def spec_uniforms_by_position(target_probs, draft_probs, draft_tokens, generator=None):
     k, V = draft_tokens.shape[-1], target_probs.shape[-1]
     u = torch.stack([torch.rand(draft_tokens.shape[:-1], generator=generator, dtype=target_probs.dtype)
