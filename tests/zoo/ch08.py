@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attncourse_ref.moe import capacity_mask, top_k_router
+from attncourse_ref.moe import biased_top_k_router, capacity_mask, top_k_router
 
 from . import collector
 
@@ -630,7 +630,7 @@ def deepseek_no_grad_routing(self, x):
 def deepseek_float32_buffer(self, x):
     tokens = x.reshape(-1, x.shape[-1])
     logits = self.router(tokens)
-    gates, experts = biased_top_k_router_ref(logits, self.bias, self.k)
+    gates, experts = biased_top_k_router(logits, self.bias, self.k)   # the learner's, in the notebook
     y = torch.zeros(tokens.shape)                     # float32, whatever x's dtype
     for expert in self.shared:
         y = y + expert(tokens)
@@ -638,11 +638,6 @@ def deepseek_float32_buffer(self, x):
         token, slot = torch.where(experts == e)
         y = y.index_add(0, token, gates[token, slot, None] * expert(tokens[token]))
     return y.reshape(x.shape), logits.reshape(*x.shape[:-1], self.n_experts)
-
-
-def biased_top_k_router_ref(logits, bias, k):
-    experts = torch.sort(logits + bias, dim=-1, descending=True, stable=True).indices[..., :k]
-    return torch.softmax(logits.gather(-1, experts), dim=-1), experts
 
 
 @_add("DeepSeekMoE returns the biased logits", "deepseek_moe", DEEPSEEK, "check_deepseek_moe", "unbiased")
