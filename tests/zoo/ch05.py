@@ -748,12 +748,11 @@ def beam_first_finished(decode, memory, memory_mask, bos, eos, max_len, beam_siz
     return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
 
 
-def _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, rank=lambda c: -float(c[1]),
-                stop_at=None, form=None):
-    """Beam search with lists, one row at a time, with one departure from the exercise: ``rank`` orders the
-    candidates; ``stop_at(t)`` is the length penalty the early stop divides the best unfinished log-probability
-    by; ``form`` is "keep_finished" (a finished hypothesis keeps its slot and competes with its log-probability)
-    or "refill" (the first beam_size of the top 2 beam_size candidates that do not end go on)."""
+# Each variant's body is pasted alone into a fake student's notebook: it carries its own search loop.
+@_add("beam search breaking ties by token id before hypothesis", "beam_search", {"test_beam_search"}, "check_beam_search",
+      "stable sort")
+def beam_ties_by_token(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    rank, stop_at, form = (lambda c: (-float(c[1]), c[0][-1])), None, None          # ties by token id first
     answers, scores = [], []
     for b in range(memory.shape[0]):
         mem = memory[b:b + 1]
@@ -789,30 +788,121 @@ def _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha
     return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
 
 
-@_add("beam search breaking ties by token id before hypothesis", "beam_search", {"test_beam_search"}, "check_beam_search",
-      "stable sort")
-def beam_ties_by_token(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
-    return _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad,
-                       rank=lambda c: (-float(c[1]), c[0][-1]))
-
-
 @_add("beam search stopping early against lp(t), not lp(max_len)", "beam_search", {"test_beam_search"},
       "check_beam_search", "lp(max_len)")
 def beam_stop_lp_t(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
-    return _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad,
-                       stop_at=lambda t: ((5 + t) / 6) ** alpha)
+    rank, stop_at, form = (lambda c: -float(c[1])), (lambda t: ((5 + t) / 6) ** alpha), None   # bound with lp(t)
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best, held = [([], 0.0)], None, []
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                lps = F.log_softmax(decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1], dim=-1)
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            candidates = sorted(candidates, key=rank)
+            kept = candidates[:beam_size]
+            if form == "keep_finished":
+                pool = sorted([(c, False) for c in candidates] + [(h, True) for h in held], key=lambda c: -float(c[0][1]))
+                held = [c for c, fin in pool[:beam_size] if fin]
+                kept = [c for c, fin in pool[:beam_size] if not fin]
+            elif form == "refill" and t < max_len:
+                kept = [c for c in kept if c[0][-1] == eos] + [c for c in candidates[:2 * beam_size] if c[0][-1] != eos][:beam_size]
+            alive = []
+            for tokens, logp in kept:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                    held.append((tokens, logp))
+                else:
+                    alive.append((tokens, logp))
+            if not alive or (stop_at and best is not None and best[0] >= max(float(lp) for _, lp in alive) / stop_at(t)):
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
 
 
 @_add("beam search where a finished hypothesis keeps its slot", "beam_search", {"test_beam_search"}, "check_beam_search",
       "keeps its slot")
 def beam_keep_finished(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
-    return _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, form="keep_finished")
+    rank, stop_at, form = (lambda c: -float(c[1])), None, "keep_finished"
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best, held = [([], 0.0)], None, []
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                lps = F.log_softmax(decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1], dim=-1)
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            candidates = sorted(candidates, key=rank)
+            kept = candidates[:beam_size]
+            if form == "keep_finished":
+                pool = sorted([(c, False) for c in candidates] + [(h, True) for h in held], key=lambda c: -float(c[0][1]))
+                held = [c for c, fin in pool[:beam_size] if fin]
+                kept = [c for c, fin in pool[:beam_size] if not fin]
+            elif form == "refill" and t < max_len:
+                kept = [c for c in kept if c[0][-1] == eos] + [c for c in candidates[:2 * beam_size] if c[0][-1] != eos][:beam_size]
+            alive = []
+            for tokens, logp in kept:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                    held.append((tokens, logp))
+                else:
+                    alive.append((tokens, logp))
+            if not alive or (stop_at and best is not None and best[0] >= max(float(lp) for _, lp in alive) / stop_at(t)):
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
 
 
 @_add("beam search refilled from the top 2 beam_size (fairseq, Hugging Face)", "beam_search", {"test_beam_search"},
       "check_beam_search", "refill the beam")
 def beam_refill(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
-    return _beam_lists(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha, pad, form="refill")
+    rank, stop_at, form = (lambda c: -float(c[1])), None, "refill"
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best, held = [([], 0.0)], None, []
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                lps = F.log_softmax(decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1], dim=-1)
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            candidates = sorted(candidates, key=rank)
+            kept = candidates[:beam_size]
+            if form == "keep_finished":
+                pool = sorted([(c, False) for c in candidates] + [(h, True) for h in held], key=lambda c: -float(c[0][1]))
+                held = [c for c, fin in pool[:beam_size] if fin]
+                kept = [c for c, fin in pool[:beam_size] if not fin]
+            elif form == "refill" and t < max_len:
+                kept = [c for c in kept if c[0][-1] == eos] + [c for c in candidates[:2 * beam_size] if c[0][-1] != eos][:beam_size]
+            alive = []
+            for tokens, logp in kept:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score > best[0]:
+                        best = (score, tokens)
+                    held.append((tokens, logp))
+                else:
+                    alive.append((tokens, logp))
+            if not alive or (stop_at and best is not None and best[0] >= max(float(lp) for _, lp in alive) / stop_at(t)):
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
 
 
 @_add("beam search on raw logits", "beam_search", {"test_beam_search"}, "check_beam_search", "log_softmax")
