@@ -337,10 +337,15 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     overrides = {n: {TARGET: src} for n, src in overrides.items()}
     overrides["forbidden-builtin"] = {"sdpa": FORBIDDEN_SDPA}
     overrides["aten-sdpa"] = {"sdpa": ATEN_SDPA}
+    # The attackers skip the chapter's demonstrations (as the fake classes' zoo students do): every attack is in
+    # a graded or added cell, and the honest student still runs every cell.
+    def solve(override):
+        return fakeclass.without_demonstrations(nbtools.solve(instructor, release, override), instructor)
+
     for student, override in overrides.items():
-        nbtools.write(nbtools.solve(instructor, release, override), root / "submitted" / student / CH / name)
+        nbtools.write(solve(override), root / "submitted" / student / CH / name)
     # One more: deletes its own test cell and re-labels another as an ordinary cell.
-    nb = nbtools.solve(instructor, release, {TARGET: WRONG})
+    nb = solve({TARGET: WRONG})
     nb.cells = [c for c in nb.cells if nbtools.grade_info(c).get("grade_id") != "test_equivariance_gap"]
     for c in nb.cells:
         if nbtools.grade_info(c).get("grade_id") == "test_causal_mask":
@@ -351,7 +356,7 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     # One more: asks the hidden test with a wrong guess from a cell of its own, then kills its kernel, so that
     # the salvage run (that cell disabled) would ask again with the right code in a fresh kernel.  The first
     # verdict of the run stands in every kernel of it: 0, as for the oracle probe.
-    nb = nbtools.solve(instructor, release, {})
+    nb = solve({})
     at = next(i for i, c in enumerate(nb.cells) if nbtools.grade_info(c).get("grade_id") == TARGET)
     nb.cells.insert(at + 1, nbformat.v4.new_code_cell(
         "import os\nfrom attncourse import autograde\n"

@@ -118,3 +118,42 @@ def test_leak_detector_finds_a_reformatted_copy():
     assert (chapter, gid) in leaks.leaked_bodies(reformatted)
     assert (chapter, gid) in leaks.leaked_bodies("<pre><span>" + html.escape(body).replace(" ", "</span> <span>") + "</pre>")
     assert (chapter, gid) not in leaks.leaked_bodies("def f(x):\n    return x + 1\n")
+
+
+def test_fake_students_skip_only_demonstrations_no_graded_cell_needs(chapter):
+    """The fake classes' students (all but correct and blank) run without the chapter's demonstrations
+    (tools/fakeclass.py): their graded cells, set-up and imports stay as they are, and every emptied cell
+    binds no name that a kept cell reads."""
+    import fakeclass
+    nb = _notebook(chapter)
+    short = fakeclass.without_demonstrations(nb, nb)
+    kept_reads, skipped = set(), []
+    for before, after in zip(nb.cells, short.cells):
+        if after.source == fakeclass.SKIPPED:
+            assert not nbtools.grade_info(before) and before.cell_type == "code"
+            skipped.append(fakeclass._names(before.source)[0])
+        else:
+            assert after.source == before.source
+            if after.cell_type == "code":
+                kept_reads |= fakeclass._names(after.source)[1]
+    assert skipped, "no demonstration skipped: the fake classes grade every demonstration of every student"
+    assert not set().union(*skipped) & kept_reads
+    assert "import torch" in "".join(c.source for c in short.cells)
+
+
+def test_skipping_demonstrations_keeps_what_graded_cells_read():
+    """A global read inside a solution's function, bound by a later cell, keeps that cell (a fixed point); a
+    cell binding what only a skipped cell reads is skipped."""
+    import nbformat
+    import fakeclass
+    v4 = nbformat.v4
+    solution = v4.new_code_cell("def f(x):\n    return helper(x) * SCALE\n",
+                                metadata={"nbgrader": {"solution": True, "grade": False, "grade_id": "f", "locked": False}})
+    test = v4.new_code_cell("assert f(1) == 6\n",
+                            metadata={"nbgrader": {"solution": False, "grade": True, "grade_id": "test_f",
+                                                   "locked": True, "points": 1}})
+    cells = [v4.new_code_cell("import math\nhelper = lambda x: 2 * x\n"), v4.new_code_cell("data = list(range(9))\n"),
+             solution, v4.new_code_cell("print(sum(data))\n"), v4.new_code_cell("SCALE = 3\n"), test,
+             v4.new_code_cell("plot = [f(d) for d in data]\n")]
+    short = fakeclass.without_demonstrations(v4.new_notebook(cells=cells))
+    assert [c.source == fakeclass.SKIPPED for c in short.cells] == [False, True, False, True, False, False, True]

@@ -83,7 +83,7 @@ def large_class(chapter, size, jobs):
     for mode in (1, jobs):
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
-            kinds = [s for s in fakeclass.build(chapter, root) if s.name == "correct" or s.name == "blank"
+            kinds = [s for s in fakeclass.build(chapter, root, demonstrations=True) if s.name == "correct" or s.name == "blank"
                      or s.name.startswith("zoo-")]
             names = {s.name for s in kinds}
             for d in (root / "submitted").iterdir():
