@@ -71,6 +71,12 @@ def _operator_guard(operators, exercise):
             return func(*args, **(kwargs or {}))
 
     class Operators(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls):
+            # Else torch wraps __torch_dispatch__ to keep torch.compile out of it, which imports torch._dynamo
+            # on the first call: 1.5 s of every learner's first check (nothing here is ever compiled).
+            return False
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             refuse(func)
             return func(*args, **(kwargs or {}))
