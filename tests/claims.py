@@ -118,6 +118,15 @@ CLAIMS = {
               == sorted((row(out, f"bigram, k = {k}")[1] for k in (1, 2, 4, 8)), reverse=True)
               and [row(out, f"bigram, k = {k}")[2] for k in (1, 2, 4, 8)]
               == sorted(row(out, f"bigram, k = {k}")[2] for k in (1, 2, 4, 8))),
+        Claim("hardly changes with $k$", "bigram = Bigram(",
+              lambda out: all(max(row(out, f"{d}, k = {k}")[3] for k in (1, 2, 4, 8))
+                              - min(row(out, f"{d}, k = {k}")[3] for k in (1, 2, 4, 8)) <= 0.05
+                              for d in ("bigram", "1-layer GPT"))),
+        Claim("the prediction matches the measurement for $k$ of 1 and 2 but overestimates it for the bigram's "
+              "longest drafts", "bigram = Bigram(",
+              lambda out: all(abs(row(out, f"{d}, k = {k}")[4] - row(out, f"{d}, k = {k}")[2])
+                              <= 0.05 * row(out, f"{d}, k = {k}")[2] for d in ("bigram", "1-layer GPT") for k in (1, 2))
+              and row(out, "bigram, k = 8")[4] > row(out, "bigram, k = 8")[2] + 0.1),
         Claim("Both drafts are much weaker models than the target (compare the validation losses)", "bigram = Bigram(",
               lambda out: min(numbers(r"validation loss: .*bigram ([\d.]+)", out)[0],
                               numbers(r"validation loss: .*1-layer GPT ([\d.]+)", out)[0])
