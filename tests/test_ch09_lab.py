@@ -450,9 +450,12 @@ def test_the_run_says_which_device_and_why_in_the_learners_language(workdir, mac
     assert run_cli(args + ["--out-dir", str(workdir / "a")], workdir) == 0
     out = capsys.readouterr().out
     assert "device cpu: no CUDA GPU and no Apple GPU (MPS) here: the CPU" in out.splitlines()
+    assert any(line.startswith("idle CPU threads: OMP_WAIT_POLICY=") and line.endswith(")") for line in out.splitlines())
     monkeypatch.setitem(i18n._state, "language", "zh")
     assert run_cli(args + ["--out-dir", str(workdir / "b"), "--device", "cpu"], workdir) == 0
-    assert "设备 cpu：由 --device cpu 指定" in capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out.splitlines()
+    assert "设备 cpu：由 --device cpu 指定" in out
+    assert any(line.startswith("空闲的 CPU 线程：OMP_WAIT_POLICY=") for line in out), out
 
 
 def test_the_lab_starts_a_learners_chapter_06_model_as_chapter_06_does():
@@ -484,3 +487,24 @@ def test_idle_threads_spin_only_where_the_cores_are_free():
     assert lab.wait_policy({}, load=1.0, cores=2) == "PASSIVE"                        # someone else computes
     assert lab.wait_policy({"ATTNCOURSE_GRADING_KERNEL": "1"}, load=0.0, cores=2) == "PASSIVE"
     assert lab.wait_policy({"LOCAL_WORLD_SIZE": "2"}, load=0.0, cores=16) == "PASSIVE"   # torchrun's processes
+    assert lab.choose_wait_policy({}, busy=0.3, cores=2) == ("ACTIVE", "other processes keep 0.3 of 2 cores busy now")
+    assert lab.wait_policy({}, busy=1.2, cores=2) == "PASSIVE"
+
+
+def test_the_wait_policy_reads_what_runs_now_and_each_run_chooses_its_own(tmp_path):
+    """Other processes' CPU use now, not the trailing load average: a process spinning beside us is seen within
+    0.2 s, and the choice this process made is not handed down to the training runs it starts."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert lab.busy_cores() >= 0.6
+    finally:
+        hog.kill()
+    hog.wait()
+    code = "import os; print('policy', os.environ.get('OMP_WAIT_POLICY'))"
+    parent = ("import sys\nfrom attncourse import lab\nprint('parent', lab.WAIT_POLICY[0])\n"
+              f"lab.run([sys.executable, '-c', {code!r}], cwd='.')")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", parent], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert "parent ACTIVE" in out.stdout or "parent PASSIVE" in out.stdout, out.stdout + out.stderr
+    assert "policy None" in out.stdout, out.stdout + out.stderr

@@ -12,9 +12,11 @@
 Nothing here is a graded exercise: the training program imports those from your module.
 
 Importing this package before torch chooses how OpenMP's idle CPU threads wait (unless
-OMP_WAIT_POLICY is already set; see ``wait_policy``): they spin (ACTIVE) where the cores are free,
-and sleep (PASSIVE) where other work shares them: a grading kernel, several training processes on
-one machine (torchrun), or a machine whose load average is already half its cores.  Spinning threads
+OMP_WAIT_POLICY is already set; see ``choose_wait_policy``): they spin (ACTIVE) where the cores are
+free, and sleep (PASSIVE) where other work shares them: a grading kernel, several training processes
+on one machine (torchrun), or other processes keeping half the cores busy now (measured over 0.2 s,
+not the load average, which still counts work that has just finished).  A training run says its
+choice and why in its first lines.  Spinning threads
 answer at once and sleeping ones must be woken, so on an idle machine spinning is twice as fast; on
 a busy machine spinning threads take the cores from the processes they wait for.  Measured on a
 2-core machine (tokens per second of the training program, 80 steps, one process with PyTorch's
@@ -37,19 +39,62 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 
-def wait_policy(environ=os.environ, load=None, cores=None):
-    """PASSIVE where other work shares the cores (grading, torchrun's processes, a busy machine), else ACTIVE."""
-    load = os.getloadavg()[0] if load is None and hasattr(os, "getloadavg") else (load or 0.0)
+def busy_cores(window=0.2):
+    """How many cores other processes keep busy now: the machine's busy time over ``window`` seconds
+    (Linux's /proc/stat), less this process's own; None where it cannot be read."""
+    def sample():
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]      # user nice system idle iowait irq softirq steal
+        return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+    try:
+        (busy0, total0), own0 = sample(), time.process_time()
+        time.sleep(window)
+        (busy1, total1), own1 = sample(), time.process_time()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    cores = os.cpu_count() or 1
+    return max(0.0, (busy1 - busy0) / (total1 - total0) * cores - (own1 - own0) / window)
+
+
+def choose_wait_policy(environ=os.environ, busy=None, cores=None, load=None):
+    """(policy, why): PASSIVE where other work shares the cores now (a grading kernel, torchrun's processes,
+    other processes keeping half the cores busy), else ACTIVE.  What runs now, not the load average: that
+    trails by minutes and still counts the learner's own work that just finished (a notebook's cells, a
+    previous run), which made a run started right after one train at half speed."""
     cores = cores or os.cpu_count() or 1
-    shared = (environ.get("ATTNCOURSE_GRADING_KERNEL") == "1" or int(environ.get("LOCAL_WORLD_SIZE", "1")) > 1
-              or load >= cores / 2)
-    return "PASSIVE" if shared else "ACTIVE"
+    if environ.get("ATTNCOURSE_GRADING_KERNEL") == "1":
+        return "PASSIVE", "a grading kernel, beside other students' kernels"
+    if int(environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        return "PASSIVE", f"{environ['LOCAL_WORLD_SIZE']} training processes on this machine (torchrun)"
+    if busy is None and load is None:
+        busy = busy_cores()
+    if busy is not None:
+        return ("PASSIVE" if busy >= cores / 2 else "ACTIVE",
+                f"other processes keep {busy:.1f} of {cores} cores busy now")
+    load = os.getloadavg()[0] if load is None and hasattr(os, "getloadavg") else (load or 0.0)
+    return ("PASSIVE" if load >= cores / 2 else "ACTIVE",
+            f"the load average over the last minute is {load:.1f} on {cores} cores")
 
 
-os.environ.setdefault("OMP_WAIT_POLICY", wait_policy())    # before torch (imported just below) starts threads
+def wait_policy(environ=os.environ, busy=None, cores=None, load=None):
+    """The policy of ``choose_wait_policy``."""
+    return choose_wait_policy(environ, busy, cores, load)[0]
+
+
+# Chosen once per process, before torch (imported just below) starts its threads, and said in a training run's
+# first lines.  A choice of ours is not handed down to the processes ``run`` starts: each chooses at its start.
+if "OMP_WAIT_POLICY" in os.environ:
+    WAIT_POLICY = (os.environ["OMP_WAIT_POLICY"], "set in the environment (OMP_WAIT_POLICY)")
+    _OUR_WAIT_POLICY = None
+else:
+    WAIT_POLICY = choose_wait_policy()
+    os.environ["OMP_WAIT_POLICY"] = _OUR_WAIT_POLICY = WAIT_POLICY[0]
 # On Apple's GPU (MPS), an operator that MPS lacks runs on the CPU (PyTorch warns once) instead of
 # stopping the run.  PyTorch reads this once, when it is imported.
 os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
@@ -83,6 +128,8 @@ def run(args, cwd, timeout=None, env=None):
     show (minus the progress bar, which needs a terminal).  ``env``: extra environment variables.
     """
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    if _OUR_WAIT_POLICY is not None and env.get("OMP_WAIT_POLICY") == _OUR_WAIT_POLICY:
+        del env["OMP_WAIT_POLICY"]         # chosen at this process's start: the new one chooses at its own
     proc = subprocess.Popen([str(a) for a in args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
     try:

@@ -470,6 +470,9 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
         peak, peak_source = None, "not measured"
     tokens_per_step = cfg.batch_size * cfg.block_size * cfg.grad_accum * rt.world_size
     say(f"device {rt.device}: {rt.why}")
+    if rt.device.type == "cpu":
+        from . import WAIT_POLICY
+        say(f"idle CPU threads: OMP_WAIT_POLICY={WAIT_POLICY[0]} ({translate(WAIT_POLICY[1])})")
     for note in rt.notes:
         say(f"on {rt.device}: {note}")
     say(f"model: {type(raw_model).__name__}, {n_params / 1e6:.2f}M parameters "
