@@ -3,7 +3,8 @@
 1. For every chapter, execute the instructor notebook with the reference solutions (hidden
    tests removed first), unless an executed copy for the same inputs is cached in
    _build/nbcache/ (the key hashes the notebook's code cells and the utils/ and solutions/ packages:
-   an edit to the prose reuses the outputs).
+   an edit to the prose reuses the outputs).  Two notebooks run at once where there are two cores
+   ($SITE_JOBS sets how many).
 2. Strip the solutions from the executed copy, keeping its outputs, into site/<chapter>/.
 3. Run Jupyter Book on the repository (execution off) into _build/html.
 4. The Chinese edition: translate the Markdown of those same executed copies and of the pages with
@@ -18,6 +19,7 @@ changed and a rebuild with nothing changed is quick.
 import hashlib
 import html
 import json
+import os
 import re
 import subprocess
 import sys
@@ -56,12 +58,17 @@ def inputs_hash(nb):
     return h.hexdigest()[:16]
 
 
+def to_execute(chapter):
+    """(the instructor notebook with its hidden tests removed, the path of its executed copy in the cache)."""
+    nb = nbtools.strip_hidden_tests(nbtools.read(nbtools.chapter_notebook(chapter)))
+    return nb, CACHE / chapter / f"{inputs_hash(nb)}.ipynb"
+
+
 def execute(chapter):
     """The executed instructor notebook (solutions in, hidden tests out), from cache if possible: the cache
     holds the outputs of the same code, which are put into the current notebook, prose and metadata as now."""
     src = nbtools.chapter_notebook(chapter)
-    nb = nbtools.strip_hidden_tests(nbtools.read(src))
-    cached = CACHE / chapter / f"{inputs_hash(nb)}.ipynb"
+    nb, cached = to_execute(chapter)
     if cached.exists():
         print(f"{chapter}: unchanged, using {cached.relative_to(ROOT)}")
         outputs = {c.id: c for c in nbtools.read(cached).cells if c.cell_type == "code"}
@@ -199,10 +206,27 @@ def jupyter_book(source, out, log_name, doctrees=None):
     return [line for line in log.splitlines() if "WARNING" in line]
 
 
+def execute_all(chapters, jobs=None):
+    """{chapter: executed notebook}, ``jobs`` notebooks at once ($SITE_JOBS, else up to 2 on a machine with 2
+    cores or more: each kernel is one process, and one alone leaves the other core idle).  The later chapters,
+    which train models, start first, so that the short ones fill in beside them."""
+    jobs = jobs or int(os.environ.get("SITE_JOBS") or min(2, os.cpu_count() or 1))
+    todo = [ch for ch in chapters if not to_execute(ch)[1].exists()]
+    if jobs <= 1 or len(todo) <= 1:
+        return {ch: execute(ch) for ch in chapters}
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(min(jobs, len(todo))) as pool:
+        running = {ch: pool.submit(execute, ch) for ch in sorted(todo, reverse=True)}
+        return {ch: running[ch].result() if ch in running else execute(ch) for ch in chapters}
+
+
 def main():
     site_notebooks = {}
+    t0 = time.perf_counter()
+    executed = execute_all(nbtools.chapters())
+    print(f"notebooks ready in {time.perf_counter() - t0:.1f} s")
     for chapter in nbtools.chapters():
-        nb = without_widgets(nbtools.strip_solutions(execute(chapter)))
+        nb = without_widgets(nbtools.strip_solutions(executed[chapter]))
         name = nbtools.chapter_notebook(chapter).name
         write_if_changed(SITE / chapter / name, nbformat.writes(explorers_for_site(nb)) + "\n")
         site_notebooks[chapter] = (name, nb)
