@@ -520,3 +520,75 @@ print(json.dumps([ranks_can_be_processes(), run_ranks(where, [(torch.ones(1),), 
     assert processes and len({pid for pid, _, _ in results} | {kernel_pid}) == 3, text
     assert all(backend == "gloo" and value == 2.0 for _, backend, value in results), text
     assert reached == [] and not listener.heard, (reached, listener.heard)
+
+
+# Chapter 03's memory bound, attacked: the full score matrix written into a buffer made (and touched) before the
+# memory-bounded case, so that the kernel's memory does not grow while the case runs.  Every other call is an
+# honest tiled attention, so that the visible check and every other hidden case pass: only the bound can refuse it.
+BUFFER_ATTACK = '''
+import math
+import torch
+
+_BUFFER = {}
+
+
+def tiled_attention(q, k, v, block_size, causal=False):
+    if "scores" not in _BUFFER:
+        _BUFFER["scores"] = torch.ones(4096, 4096)          # made, and touched, before the memory-bounded case
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    if tuple(q.shape) == (4096, 32) and q.dtype == torch.float32:
+        buf = _BUFFER["scores"]
+        for r in range(0, n_q, 256):                         # the full score matrix, a band of rows at a time
+            rows = buf[r:r + 256]
+            torch.matmul(q[r:r + 256], k.T, out=rows)
+            rows.mul_(1 / math.sqrt(d))
+            if causal:
+                rows.masked_fill_(torch.ones(256, n_k, dtype=torch.bool).triu_(r + 1), float("-inf"))
+        out = []
+        for r in range(0, n_q, 256):
+            rows = buf[r:r + 256]
+            rows.sub_(rows.amax(-1, keepdim=True)).exp_()
+            rows.div_(rows.sum(-1, keepdim=True))
+            out.append(rows @ v)
+        return torch.cat(out)
+    top = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=q.dtype)
+    total = torch.zeros(q.shape[:-1] + (1,), dtype=q.dtype)
+    acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for j in range(0, n_k, block_size):                      # honest online softmax everywhere else
+        s = q @ k[..., j:j + block_size, :].transpose(-2, -1) / math.sqrt(d)
+        if causal:
+            keep = torch.arange(n_q)[:, None] >= torch.arange(j, min(j + block_size, n_k))[None, :]
+            s = s.masked_fill(~keep, float("-inf"))
+        new_top = torch.maximum(top, s.amax(-1, keepdim=True))
+        safe = torch.where(torch.isinf(new_top), torch.zeros_like(new_top), new_top)
+        scale, p = torch.exp(top - safe), torch.exp(s - safe)
+        total = total * scale + p.sum(-1, keepdim=True)
+        acc = acc * scale + p @ v[..., j:j + block_size, :]
+        top = new_top
+    return acc / total
+'''
+
+
+def test_a_score_matrix_written_into_memory_made_in_advance_breaks_the_bound(tmp_path):
+    """The grading server bounds what the case touches, not only what the kernel grows by (10 points became 13)."""
+    chapter = "ch03"
+    name = nbtools.chapter_notebook(chapter).name
+    fakeclass.build(chapter, tmp_path, only=["correct"])
+    instructor = nbtools.read(nbtools.chapter_notebook(chapter))
+    release = nbtools.read(tmp_path / "release" / chapter / name)
+    attacker = fakeclass.without_demonstrations(nbtools.solve(instructor, release, {"tiled_attention": BUFFER_ATTACK}),
+                                                instructor)
+    nbtools.write(attacker, tmp_path / "submitted" / "buffer" / chapter / name)
+    res = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "grade_class.py"), chapter, "--root", str(tmp_path)],
+                         capture_output=True, text=True, env=dict(os.environ, ATTNCOURSE_CELL_TIMEOUT="60"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:
+        got = {s: {g.name: g.score for nb in gb.find_submission(chapter, s).notebooks for g in nb.grades}
+               for s in ("correct", "buffer")}
+    full = nbtools.points(instructor)
+    assert got["correct"] == full, res.stdout
+    assert got["buffer"] == {**full, "test_tiled_attention": 0, "test_tiled_attention_causal": 0}, res.stdout
+    feedback = nbtools.read(tmp_path / "autograded" / "buffer" / chapter / name)
+    printed = "".join(o.get("evalue", "") + o.get("text", "") for c in feedback.cells if c.cell_type == "code"
+                      for o in c.outputs)
+    assert "MiB of memory while it ran" in printed, printed[-2000:]

@@ -13,6 +13,7 @@ sent and sends back what came out.
 """
 import atexit
 import contextlib
+import gc
 import importlib.util
 import io
 import os
@@ -325,12 +326,21 @@ def run_hidden_test(test_id, candidate, watch=None):
     for i, call in enumerate(meta["cases"]):
         if "peak_bytes" in call:
             # Memory-bounded case: the server sends its inputs only now, measures this process's
-            # peak resident memory while it runs, and takes the outputs with the 'end'.
-            _wire.send(server.wfile, {"begin": i})
-            _, case_arrays = _wire.recv(server.rfile)
-            res, out = _run_guarded(i, call, {**arrays, **case_arrays}, candidate, watch, forbid, test_id)
-            _wire.send(server.wfile, {"end": i}, out)
-            _wire.recv(server.rfile)
+            # peak resident memory and the memory it touches while it runs, and takes the outputs with
+            # the 'end'.  Python's garbage collector is held meanwhile: a full collection reads every
+            # object of the kernel's heap, which would count as touched.
+            collecting = gc.isenabled()
+            gc.collect()
+            gc.disable()
+            try:
+                _wire.send(server.wfile, {"begin": i})
+                _, case_arrays = _wire.recv(server.rfile)
+                res, out = _run_guarded(i, call, {**arrays, **case_arrays}, candidate, watch, forbid, test_id)
+                _wire.send(server.wfile, {"end": i}, out)
+                _wire.recv(server.rfile)
+            finally:
+                if collecting:
+                    gc.enable()
         else:
             res, out = _run_guarded(i, call, arrays, candidate, watch, forbid, test_id)
             outputs.update(out)

@@ -79,22 +79,58 @@ def _tree(pid):
     return found
 
 
+def _anonymous_referenced(pids):
+    """Bytes of anonymous memory (the heap, tensors; not the code of libraries) that ``pids`` read or wrote
+    since their referenced bits were last cleared (/proc/PID/clear_refs), from /proc/PID/smaps; None if
+    unreadable."""
+    total = 0
+    try:
+        for pid in pids:
+            anonymous = False
+            for line in open(f"/proc/{pid}/smaps"):
+                if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                    fields = line.split()
+                    anonymous = len(fields) < 6 or fields[5] in ("[heap]", "[stack]")
+                elif anonymous and line.startswith("Referenced:"):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
+
+
 class PeakMemory:
-    """How much a kernel's memory grows at its highest while one case runs, measured from outside.
+    """How much a kernel's memory grows at its highest while one case runs, and how much memory the case
+    touches, measured from outside.
 
     With the kernel's memory cgroup (the launcher makes one when it runs as root), every process of
     the kernel counts, children that computed and exited included: cgroup v1's max_usage_in_bytes,
     or v2's memory.peak, reset when the case starts.  Without one, the peak resident memory of each
     process of the kernel still alive when the case ends (a child that has exited is not seen).
+
+    Growth misses memory allocated before the case: a full score matrix written into a buffer the
+    submission made (and touched) in advance grows nothing.  So ``touched`` also counts the anonymous
+    memory the kernel's processes read or wrote while the case ran (their pages' referenced bits,
+    cleared when it starts), wherever it was allocated.
     """
 
     def __init__(self, pid, cgroup=None):
-        self.pid, self.cgroup, self.fd, self.base = pid, cgroup, None, None
+        self.pid, self.cgroup, self.fd, self.base, self.touched = pid, cgroup, None, None, None
+        self.cleared = False
+
+    def _clear_referenced(self):
+        self.cleared = True
+        for p in _tree(self.pid):
+            try:
+                with open(f"/proc/{p}/clear_refs", "w") as f:
+                    f.write("1")                   # clears the referenced bits of every page
+            except OSError:
+                self.cleared = False
 
     def _file(self, name):
         return os.path.join(self.cgroup, name)
 
     def start(self):
+        self._clear_referenced()
         if self.cgroup and os.path.exists(self._file("memory.max_usage_in_bytes")):
             with open(self._file("memory.max_usage_in_bytes"), "w") as f:
                 f.write("0")                       # resets the peak to the current usage
@@ -115,7 +151,9 @@ class PeakMemory:
         return self.base
 
     def stop(self):
-        """Growth in bytes since start(), or None where it could not be measured."""
+        """Growth in bytes since start(), or None where it could not be measured; sets ``touched`` (bytes, or
+        None where the referenced bits could not be cleared or read)."""
+        self.touched = _anonymous_referenced(_tree(self.pid)) if self.cleared else None
         try:
             if self.base is None:
                 return None
@@ -134,6 +172,11 @@ class PeakMemory:
                 self.fd = None
 
 
+# A memory-bounded case may read or write twice the memory it may grow by: an honest tiled attention on the
+# N = 4096 case touches about 6.5 MiB, the full score matrix alone 64 MiB.
+TOUCH_FACTOR = 2
+
+
 def _judge(test_id, cases, answer, got, peaks):
     failures = []
     for i, (case, res) in enumerate(zip(cases, answer.get("results", []))):
@@ -143,12 +186,16 @@ def _judge(test_id, cases, answer, got, peaks):
             reason = compare(case, [got.get(f"c{i}/out{j}") for j in range(int(res.get("n", 0)))])
         limit = case.call.get("peak_bytes")
         if reason is None and limit is not None:
-            peak = peaks.get(i)
+            peak, touched = peaks.get(i, (None, None))
             if peak is None:
                 reason = "its peak memory was not measured (the case must run between 'begin' and 'end')"
             elif peak > limit:
                 reason = (f"peak memory grew by {peak / 2**20:.1f} MiB while it ran; the exercise allows "
                           f"{limit / 2**20:.1f} MiB (it must never build the full score matrix)")
+            elif touched is not None and touched > TOUCH_FACTOR * limit:
+                reason = (f"it read or wrote {touched / 2**20:.1f} MiB of memory while it ran; the exercise allows "
+                          f"{TOUCH_FACTOR * limit / 2**20:.1f} MiB (a full score matrix written into memory made "
+                          f"before the case counts too)")
         if reason:
             failures.append(f"case {i + 1} {case.describe}: {reason}")
     if len(answer.get("results", [])) != len(cases):
@@ -263,7 +310,7 @@ def session(rfile, wfile, peer_pid=None, record=None, memory_cgroup=None):
                 end, arr = _wire.recv(rfile)
                 growth = meter.stop()
                 if growth is not None and end.get("end") == i:
-                    peaks[i] = growth
+                    peaks[i] = (growth, meter.touched)
                 got.update({k: v for k, v in arr.items() if k.startswith(f"c{i}/")})
                 _wire.send(wfile, {"ok": True})
                 continue
