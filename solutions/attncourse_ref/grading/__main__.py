@@ -63,7 +63,7 @@ def _status_kb(pid, field):
 
 
 def _tree(pid):
-    """``pid`` and its living descendants."""
+    """``pid`` and its living descendants, this server left out (a kernel's own server, in a test, is its child)."""
     children = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -75,7 +75,7 @@ def _tree(pid):
     found, todo = [], [pid]
     while todo:
         found.append(todo.pop())
-        todo += children.get(found[-1], [])
+        todo += [c for c in children.get(found[-1], []) if c != os.getpid()]
     return found
 
 
@@ -172,9 +172,10 @@ class PeakMemory:
                 self.fd = None
 
 
-# A memory-bounded case may read or write twice the memory it may grow by: an honest tiled attention on the
-# N = 4096 case touches about 6.5 MiB, the full score matrix alone 64 MiB.
-TOUCH_FACTOR = 2
+# A memory-bounded case may read or write three times the memory it may grow by: honest tiled attentions on the
+# N = 4096 case touched 6.5 to 17 MiB here (allocators reuse freed memory at other addresses), the full score
+# matrix alone is 64 MiB.
+TOUCH_FACTOR = 3
 
 
 def _judge(test_id, cases, answer, got, peaks):
