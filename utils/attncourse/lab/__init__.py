@@ -82,11 +82,6 @@ def choose_wait_policy(environ=os.environ, busy=None, cores=None, load=None):
             f"the load average over the last minute is {load:.1f} on {cores} cores")
 
 
-def wait_policy(environ=os.environ, busy=None, cores=None, load=None):
-    """The policy of ``choose_wait_policy``."""
-    return choose_wait_policy(environ, busy, cores, load)[0]
-
-
 # Chosen once per process, before torch (imported just below) starts its threads, and said in a training run's
 # first lines.  A choice of ours is not handed down to the processes ``run`` starts: each chooses at its start.
 if "OMP_WAIT_POLICY" in os.environ:
