@@ -147,9 +147,9 @@ def test_warnings_from_the_submission_stay_off_stderr(capfd):
 
 
 # ---- "from scratch" is judged by the operators that run, whatever their spelling (issue 20) --------
+from attncourse_ref import moe, transformer  # noqa: E402
+
 def _aten_spellings():
-    import torch
-    from attncourse_ref import moe, transformer
 
     class LayerNormViaATen(transformer.LayerNorm):
         def forward(self, x):
@@ -176,16 +176,61 @@ def _aten_spellings():
             torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=causal)[0]),
         ("ch05.layer_norm", LayerNormViaATen),
         ("ch08.rms_norm", RMSNormViaATen),
+        # Routes no denylist named (issue 29, item 5): each exercise's allowlist refuses them by construction.
+        ("ch00.softmax", lambda x, dim=-1, temperature=1.0:
+            torch._masked_softmax(x / temperature, torch.zeros(x.shape, dtype=torch.bool), dim % x.dim(), 0)),
+        ("ch02.sdpa_unmasked", mha_forward),
+        ("ch05.layer_norm", LayerNormViaRMSNorm),
+        ("ch05.label_smoothed_loss", smoothing_by_probability_targets),
+        ("ch09.cross_entropy", lambda logits, targets, ignore_index=-100:
+            (torch.logcumsumexp(logits.double(), -1)[..., -1] - logits.double().gather(-1, targets.clamp_min(0)
+                                                                                    .unsqueeze(-1))[..., 0])
+            [targets != ignore_index].mean().to(logits.dtype)),
     ]
 
 
-@pytest.mark.parametrize("case", range(8))
+def mha_forward(q, k, v, mask=None):
+    """PyTorch's multi-head attention with one head and identity projections: attention itself (q, k and v
+    padded with zeros to one width, q rescaled so that the scores keep their sqrt(d_k))."""
+    import math
+    import torch.nn.functional as F
+    dk, dv, width = q.shape[-1], v.shape[-1], max(q.shape[-1], v.shape[-1])
+    lead = q.shape[:-2]
+
+    def seq_first(t, scale=1.0):
+        t = F.pad(t * scale, (0, width - t.shape[-1]))
+        return t.reshape(-1, *t.shape[-2:]).transpose(0, 1)
+    eye, zeros = torch.eye(width, dtype=q.dtype), torch.zeros(3 * width, dtype=q.dtype)
+    out, w = F.multi_head_attention_forward(seq_first(q, math.sqrt(width / dk)), seq_first(k), seq_first(v), width, 1,
+                                            torch.cat([eye, eye, eye]), zeros, None, None, False, 0.0, eye,
+                                            zeros[:width], need_weights=True)
+    out = out.transpose(0, 1)[..., :dv]
+    return out.reshape(*lead, *out.shape[-2:]), w.reshape(*lead, *w.shape[-2:])
+
+
+class LayerNormViaRMSNorm(transformer.LayerNorm):
+    """Layer normalisation is RMS normalisation of the centred input."""
+    def forward(self, x):
+        centred = x - x.mean(-1, keepdim=True)
+        return torch.nn.functional.rms_norm(centred, (x.shape[-1],), self.weight, self.eps) + self.bias
+
+
+def smoothing_by_probability_targets(logits, target, smoothing, pad=0):
+    """F.cross_entropy given the smoothed distribution as probability targets: never reaches nll_loss."""
+    V = logits.shape[-1]
+    probs = torch.full(logits.shape, smoothing / V, dtype=logits.dtype)
+    probs.scatter_add_(-1, target.unsqueeze(-1), torch.full(target.unsqueeze(-1).shape, 1 - smoothing, dtype=logits.dtype))
+    keep = target != pad
+    return torch.nn.functional.cross_entropy(logits[keep], probs[keep])
+
+
+@pytest.mark.parametrize("case", range(13))
 def test_a_forbidden_operator_fails_whatever_its_spelling(case):
     from attncourse.autograde import run_hidden_test
     test_id, candidate = _aten_spellings()[case]
     verdict = run_hidden_test(test_id, candidate)
-    assert verdict["failures"] and any("must be written from scratch: it may not call" in f for f in verdict["failures"]), \
-        verdict["failures"][:2]
+    assert verdict["failures"] and any("must be written from scratch" in f and "may not call" in f
+                                       for f in verdict["failures"]), verdict["failures"][:2]
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="a memory cgroup needs root")
@@ -378,3 +423,13 @@ def test_the_class_server_builds_each_hidden_tests_cases_once(tmp_path):
     assert [c.call for c in first] == [c.call for c in second]
     for a, b in zip(first, second):
         assert a.arrays.keys() == b.arrays.keys() and all(np.array_equal(a.arrays[k], b.arrays[k]) for k in a.arrays)
+
+
+@pytest.mark.parametrize("case", range(8, 13))
+def test_the_routes_no_denylist_named_earn_full_marks_without_the_allowlist(case, monkeypatch):
+    """The test above can fail: without the allowlists these routes compute the right answer."""
+    from attncourse import forbid
+    from attncourse.autograde import run_hidden_test
+    monkeypatch.setattr(forbid, "allowed", lambda name, allow: True)
+    test_id, candidate = _aten_spellings()[case]
+    assert run_hidden_test(test_id, candidate)["failures"] == []

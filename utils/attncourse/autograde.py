@@ -290,7 +290,7 @@ class _ReferenceWatch:
             sys.setprofile(previous)
 
 
-def _run_guarded(i, call, arrays, candidate, watch, forbid, test_id):
+def _run_guarded(i, call, arrays, candidate, watch, forbid, test_id, allow=None):
     """Run one case; returns (result dict, outputs dict)."""
     from .forbid import forbidding
     watching = watch.watching if watch else contextlib.nullcontext
@@ -301,7 +301,7 @@ def _run_guarded(i, call, arrays, candidate, watch, forbid, test_id):
         # a print of the hidden case's inputs would reach the autograded notebook and the feedback.
         with watching(), contextlib.redirect_stderr(noise), contextlib.redirect_stdout(noise), \
                 warnings.catch_warnings(), \
-                forbidding(forbid, test_id.split(".", 1)[-1]):
+                forbidding(forbid, test_id.split(".", 1)[-1], allow):
             warnings.simplefilter("ignore")
             got = _run_case(i, call, arrays, candidate)
     except NotImplementedError:
@@ -322,6 +322,8 @@ def run_hidden_test(test_id, candidate, watch=None):
     if "replay" in meta:        # an earlier kernel of this grading run was answered: its verdict stands
         return meta["replay"]
     forbid = meta.get("forbid", [])
+    allow = meta.get("allow")
+    allow = None if allow is None else frozenset(allow)
     results, outputs = [], {}
     for i, call in enumerate(meta["cases"]):
         if "peak_bytes" in call:
@@ -335,14 +337,14 @@ def run_hidden_test(test_id, candidate, watch=None):
             try:
                 _wire.send(server.wfile, {"begin": i})
                 _, case_arrays = _wire.recv(server.rfile)
-                res, out = _run_guarded(i, call, {**arrays, **case_arrays}, candidate, watch, forbid, test_id)
+                res, out = _run_guarded(i, call, {**arrays, **case_arrays}, candidate, watch, forbid, test_id, allow)
                 _wire.send(server.wfile, {"end": i}, out)
                 _wire.recv(server.rfile)
             finally:
                 if collecting:
                     gc.enable()
         else:
-            res, out = _run_guarded(i, call, arrays, candidate, watch, forbid, test_id)
+            res, out = _run_guarded(i, call, arrays, candidate, watch, forbid, test_id, allow)
             outputs.update(out)
         results.append(res)
     _wire.send(server.wfile, {"results": results}, outputs)

@@ -23,17 +23,20 @@ TOLERANCE = {np.dtype("float32"): (1e-4, 1e-5), np.dtype("float64"): (1e-9, 1e-1
 
 REGISTRY = {}
 FORBID = {}
+ALLOW = {}
 
 
-def hidden_test(name, forbid=()):
+def hidden_test(name, forbid=(), allow=None):
     """Register a case builder ``fn(rng) -> list[Case]`` under a test id like 'ch02.causal_mask'.
 
     ``forbid``: dotted paths of the built-ins a from-scratch exercise may not call
-    (e.g. "torch.nn.functional.layer_norm"); see attncourse.forbid.
+    (e.g. "torch.nn.functional.layer_norm"); ``allow``: for an elementary computation, everything it may
+    run (attncourse.forbid.ELEMENTARY and the exercise's additions); see attncourse.forbid.
     """
     def register(fn):
         REGISTRY[name] = fn
         FORBID[name] = tuple(forbid)
+        ALLOW[name] = None if allow is None else sorted(allow)
         return fn
     return register
 

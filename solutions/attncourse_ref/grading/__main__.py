@@ -31,7 +31,7 @@ import time
 
 from attncourse import _wire
 
-from . import FORBID, REGISTRY, compare, seed_for
+from . import ALLOW, FORBID, REGISTRY, compare, seed_for
 
 
 BROKEN = {}          # chapter -> why its hidden tests could not be loaded
@@ -299,7 +299,8 @@ def session(rfile, wfile, peer_pid=None, record=None, memory_cgroup=None):
         # A case with a memory bound keeps its inputs back until the kernel says it starts it.
         withheld = {i for i, c in enumerate(cases) if "peak_bytes" in c.call}
         arrays = {f"c{i}/{k}": v for i, c in enumerate(cases) if i not in withheld for k, v in c.arrays.items()}
-        _wire.send(wfile, {"cases": [c.call for c in cases], "forbid": list(FORBID.get(test_id, ()))}, arrays)
+        _wire.send(wfile, {"cases": [c.call for c in cases], "forbid": list(FORBID.get(test_id, ())),
+                           "allow": ALLOW.get(test_id)}, arrays)
         peaks, got = {}, {}
         while True:
             msg, arr = _wire.recv(rfile)

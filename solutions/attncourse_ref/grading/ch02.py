@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import torch
 
-from attncourse.checks.ch02 import SDPA_BUILTINS
+from attncourse.checks.ch02 import SDPA_ALLOWED, SDPA_BUILTINS
 
 from .. import attention as ref
 from . import fixed, function_case, hidden_test, layer_case, module_case
@@ -36,7 +36,7 @@ def _random_mask(rng, shape):
     return torch.from_numpy(m)
 
 
-@hidden_test("ch02.sdpa_unmasked", forbid=SDPA_BUILTINS)
+@hidden_test("ch02.sdpa_unmasked", forbid=SDPA_BUILTINS, allow=SDPA_ALLOWED)
 def sdpa_unmasked(rng):
     cases = []
     for i in range(10):
@@ -49,7 +49,7 @@ def sdpa_unmasked(rng):
     return cases
 
 
-@hidden_test("ch02.sdpa_masked", forbid=SDPA_BUILTINS)
+@hidden_test("ch02.sdpa_masked", forbid=SDPA_BUILTINS, allow=SDPA_ALLOWED)
 def sdpa_masked(rng):
     cases = []
     for i in range(10):

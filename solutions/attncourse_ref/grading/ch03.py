@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from .. import multihead as ref
-from attncourse.checks.ch03 import MHA_BUILTINS, TILED_BUILTINS
+from attncourse.checks.ch03 import MHA_BUILTINS, TILED_ALLOWED, TILED_BUILTINS
 
 from . import function_case, hidden_test, module_case
 
@@ -166,12 +166,12 @@ def _memory_bound_case(rng, causal):
     return case
 
 
-@hidden_test("ch03.tiled_attention", forbid=TILED_BUILTINS)
+@hidden_test("ch03.tiled_attention", forbid=TILED_BUILTINS, allow=TILED_ALLOWED)
 def tiled_attention(rng):
     return _tiled_cases(rng, causal=False) + [_memory_bound_case(rng, causal=False)]
 
 
-@hidden_test("ch03.tiled_attention_causal", forbid=TILED_BUILTINS)
+@hidden_test("ch03.tiled_attention_causal", forbid=TILED_BUILTINS, allow=TILED_ALLOWED)
 def tiled_attention_causal(rng):
     return _tiled_cases(rng, causal=True) + [_memory_bound_case(rng, causal=True)]
 

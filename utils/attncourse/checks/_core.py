@@ -143,12 +143,12 @@ def build_module(cls, init, name, state):
 
 
 @contextlib.contextmanager
-def forbidding(paths, exercise):
-    """Visible-check side of a from-scratch exercise: a call of a forbidden built-in fails the check
-    with a message that names it (see attncourse.forbid)."""
+def forbidding(paths, exercise, allow=None):
+    """Visible-check side of a from-scratch exercise: a call of a forbidden built-in (or, with ``allow``, of
+    anything not allowed) fails the check with a message that names it (see attncourse.forbid)."""
     from ..forbid import ForbiddenCall, forbidding as _forbidding
     try:
-        with _forbidding(paths, exercise):
+        with _forbidding(paths, exercise, allow):
             yield
     except ForbiddenCall as exc:
         fail(str(exc))

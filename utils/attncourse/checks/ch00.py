@@ -1,6 +1,8 @@
 """Visible checks for chapter 00: softmax with temperature, cosine similarity, analogy search."""
 import torch
 
+from ..forbid import ELEMENTARY
+
 from ._core import (NotDoneYet, call, close, dtypes_and_gradients, expect_tensor, fail, forbidding, load_cases, max_error, ok,
                     require_callable, tensor)
 
@@ -11,6 +13,9 @@ SOFTMAX_BUILTINS = ("torch.softmax", "torch.nn.functional.softmax", "torch.Tenso
                     # the operators, whatever spelling reaches them (torch.ops.aten._softmax, F.softmin, ...)
                     "aten::softmax", "aten::_softmax", "aten::log_softmax", "aten::_log_softmax", "aten::_safe_softmax",
                     "aten::special_softmax", "aten::special_log_softmax")
+# ... and everything they call or run must be elementary (attncourse.forbid.ELEMENTARY): an unlisted route, such as
+# aten::_masked_softmax, fails by construction.
+SOFTMAX_ALLOWED = COSINE_ALLOWED = ELEMENTARY
 COSINE_BUILTINS = ("torch.cosine_similarity", "torch.nn.functional.cosine_similarity", "torch.nn.CosineSimilarity",
                    "aten::cosine_similarity")
 
@@ -20,7 +25,7 @@ def _data():
 
 
 def _softmax_out(fn, x, what, **kwargs):
-    with forbidding(SOFTMAX_BUILTINS, "softmax"):
+    with forbidding(SOFTMAX_BUILTINS, "softmax", SOFTMAX_ALLOWED):
         out = call(fn, x, what=what, **kwargs)
     expect_tensor(out, what, shape=x.shape)
     if out.dtype != x.dtype:
@@ -133,7 +138,7 @@ def check_cosine_similarity(fn):
     require_callable(fn, "cosine_similarity")
     c = _data()["cosine"]
     a, b = tensor(c["a"]), tensor(c["b"])
-    with forbidding(COSINE_BUILTINS, "cosine_similarity"):
+    with forbidding(COSINE_BUILTINS, "cosine_similarity", COSINE_ALLOWED):
         out = call(fn, a, b, what="cosine_similarity(a, b)")
     expect_tensor(out, "cosine_similarity([4, 3], [4, 3])")
     if tuple(out.shape) != (4,):

@@ -3,6 +3,7 @@ import math
 
 import torch
 
+from ..forbid import ELEMENTARY
 from ..layers import make_layer
 from ._core import (build_module, call, close, dtypes_and_gradients, expect_pair, expect_tensor, fail, forbidding,
                     load_cases, max_error, module_dtypes, ok, require_callable, tensor)
@@ -14,6 +15,9 @@ SDPA_BUILTINS = ("torch.nn.functional.scaled_dot_product_attention",
                  "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention",
                  "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
                  "aten::_scaled_dot_product_attention_math_for_mps", "aten::_scaled_dot_product_fused_attention_overrideable")
+# Everything else it calls or runs is elementary, or softmax (attncourse.forbid.ELEMENTARY): F.multi_head_attention_forward,
+# which decomposes into allowed operators, fails by construction.
+SDPA_ALLOWED = ELEMENTARY | {"aten::softmax", "aten::_softmax", "aten::_safe_softmax"}
 
 
 def _data():
@@ -33,7 +37,7 @@ def check_attention(fn):
     require_callable(fn, "scaled_dot_product_attention")
     c = _data()["attention"]
     q, k, v, raw = tensor(c["q"]), tensor(c["k"]), tensor(c["v"]), tensor(c["raw_scores"])
-    with forbidding(SDPA_BUILTINS, "scaled_dot_product_attention"):
+    with forbidding(SDPA_BUILTINS, "scaled_dot_product_attention", SDPA_ALLOWED):
         out, w = expect_pair(call(fn, q, k, v, what="scaled_dot_product_attention(q, k, v)"),
                              "scaled_dot_product_attention")
     expect_tensor(w, "weights", shape=(3, 5))
@@ -97,7 +101,7 @@ def check_attention_mask(fn):
     c = _data()["attention"]
     q, k, v = tensor(c["q"]), tensor(c["k"]), tensor(c["v"])
     mask = torch.tensor(c["mask"])
-    with forbidding(SDPA_BUILTINS, "scaled_dot_product_attention"):
+    with forbidding(SDPA_BUILTINS, "scaled_dot_product_attention", SDPA_ALLOWED):
         out, w = expect_pair(call(fn, q, k, v, mask=mask, what="scaled_dot_product_attention(q, k, v, mask=mask)"),
                              "scaled_dot_product_attention")
     expect_tensor(w, "masked weights", shape=(3, 5))
