@@ -14,7 +14,7 @@ ifeq ($(filter command line,$(origin LANG)),command line)
 override LANG := C.UTF-8
 endif
 
-.PHONY: help env site publish test test-fast translations release autograde feedback grades collect-zip validate benchmark clean
+.PHONY: help env site publish test test-fast translations release autograde release-held feedback grades collect-zip validate benchmark clean
 
 help:
 	@echo "make site        build the website into _build/html (creates .venv if missing)"
@@ -26,6 +26,7 @@ help:
 	@echo "make autograde CH=ch02   grade every submitted/<student>/CH/ (one broken submission never stops the rest)"
 	@echo "               JOBS=4    ... four submissions at once;  SHARD=2/3  ... this machine's third of the class"
 	@echo "               REGRADE=1 ... also students an earlier (or interrupted) run already finished"
+	@echo "make release-held CH=ch02 STUDENT=s   release the points held for review (without STUDENT: list them)"
 	@echo "make feedback  CH=ch02   feedback HTML -> feedback/<student>/CH/"
 	@echo "make grades              all grades -> grades.csv"
 	@echo "make collect-zip CH=ch02 unpack an LMS download from downloaded/CH/archive/ into submitted/"
@@ -81,6 +82,9 @@ release: $(STAMP)
 
 autograde: $(STAMP)
 	$(BIN)/python tools/grade_class.py $(CH) $(if $(JOBS),--jobs $(JOBS)) $(if $(SHARD),--shard $(SHARD)) $(if $(REGRADE),--regrade)
+
+release-held: $(STAMP)
+	$(BIN)/python tools/review.py $(CH) $(if $(STUDENT),--release $(STUDENT))
 
 feedback: $(STAMP)
 	$(BIN)/nbgrader generate_feedback $(CH) --force

@@ -6,6 +6,7 @@ nothing outside each submission's folder may change.
 One chapter 02 class holds every attack; the chapter's last exercise (equivariance_gap, 1 point) is
 where most of them strike.
 """
+import csv
 import hashlib
 import json
 import os
@@ -264,6 +265,44 @@ ATEN_SDPA = FORBIDDEN_SDPA.replace(
 assert ATEN_SDPA != FORBIDDEN_SDPA
 EXPECTED["aten-sdpa"] = {**ALL, "test_sdpa_unmasked": 0, "test_sdpa_masked": 0}
 
+# Switching the run-time guard off from the learner's own process (issue 29, item 5b): PyTorch's kernel called by a
+# computed name (no source scan sees it), with torch's private switches around it, or with the guard replaced through
+# the modules' namespaces.  The hidden tests pass (the guard is off); the grader holds the points of the exercise
+# and lists the lines under "needs review" until an instructor releases them.
+SWITCH_OFF = """import math, torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import _disable_current_modes
+_KERNEL = getattr(F, "scaled_dot_" + "product_attention")
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    # PyTorch's kernel, with the course's guards switched off around it
+    with torch._C.DisableTorchFunction(), _disable_current_modes():
+        out = _KERNEL(q, k, v, attn_mask=mask)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-1)
+    return out, weights
+"""
+VARS_GUARD = """import contextlib, math
+import attncourse.forbid, attncourse.checks._core
+import torch.nn.functional as F
+for _module in (attncourse.forbid, attncourse.checks._core):
+    vars(_module)["forbidding"] = lambda *a, **k: contextlib.nullcontext()
+_KERNEL = getattr(F, "scaled_dot_" + "product_attention")
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    # PyTorch's kernel, the guard replaced through the modules' namespaces
+    out = _KERNEL(q, k, v, attn_mask=mask)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return out, scores.softmax(dim=-1)
+"""
+HELD = {"switch-off": SWITCH_OFF, "vars-guard": VARS_GUARD}
+for _name in HELD:
+    EXPECTED[_name] = {**ALL, "test_sdpa_unmasked": 0, "test_sdpa_masked": 0}
+
 
 def _digest(paths):
     h = hashlib.sha256()
@@ -337,6 +376,7 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     overrides = {n: {TARGET: src} for n, src in overrides.items()}
     overrides["forbidden-builtin"] = {"sdpa": FORBIDDEN_SDPA}
     overrides["aten-sdpa"] = {"sdpa": ATEN_SDPA}
+    overrides.update({n: {"sdpa": src} for n, src in HELD.items()})
     # The attackers skip the chapter's demonstrations (as the fake classes' zoo students do): every attack is in
     # a graded or added cell, and the honest student still runs every cell.
     def solve(override):
@@ -403,6 +443,23 @@ def test_attacks_earn_nothing_and_touch_nothing(tmp_path):
     assert "ch02.equivariance_gap asked twice: the first verdict stands" in lines["oracle-probe"], lines["oracle-probe"]
     for killer in ("fork-loop", "disk-filler"):
         assert f"graded after disabling {TARGET}" in lines[killer], lines[killer]
+    # The audit quotes what the student wrote, not the grader's text in the cell it disabled (salvaged/).
+    with open(root / f"audit_{CH}.csv") as f:
+        audited = [row for row in csv.reader(f) if row[0] == "fork-loop"]
+    assert any("os._exit(0)" in row[3] for row in audited) and not any("grader disabled" in row[3] for row in audited)
+    # The guard switched off: listed first, under "needs review", points held; released, the passing verdicts stand.
+    review = report.split("NEEDS REVIEW", 1)[1].split("\n\n", 1)[0]
+    assert report.index("NEEDS REVIEW") < report.index("forge-gc ")
+    for student, what in (("switch-off", "DisableTorchFunction"), ("vars-guard", "calls vars()")):
+        assert f"  {student}  sdpa line" in review and what in review, review
+        assert "NEEDS REVIEW: points of test_sdpa_masked, test_sdpa_unmasked held" in lines[student], lines[student]
+    assert "honest" not in review
+    released = subprocess.run([sys.executable, str(nbtools.ROOT / "tools" / "review.py"), CH, "--root", str(root),
+                               "--release", "switch-off"], capture_output=True, text=True)
+    assert released.returncode == 0, released.stdout + released.stderr
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        scores = {g.name: g.score for nb in gb.find_submission(CH, "switch-off").notebooks for g in nb.grades}
+    assert scores == {k: float(v) for k, v in ALL.items()}, scores
     # The jammer reached no control socket, and its sleeping child did not hold the class: the run ended long
     # before the child's 900 s (a jam held it for the cell timeout of every later kernel: 601-671 s here).
     jammed = nbtools.read(root / "autograded" / "jam" / CH / name)

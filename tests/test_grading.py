@@ -433,3 +433,33 @@ def test_the_routes_no_denylist_named_earn_full_marks_without_the_allowlist(case
     monkeypatch.setattr(forbid, "allowed", lambda name, allow: True)
     test_id, candidate = _aten_spellings()[case]
     assert run_hidden_test(test_id, candidate)["failures"] == []
+
+
+def _allow_listed():
+    import importlib
+    from attncourse_ref.grading import ALLOW
+    for chapter in ("ch00", "ch02", "ch03", "ch05", "ch08", "ch09"):
+        importlib.import_module(f"attncourse_ref.grading.{chapter}")
+    return sorted(t for t, allow in ALLOW.items() if allow is not None)
+
+
+def _reference_for(test_id):
+    """The reference object the chapter's solution cell for ``test_id`` names (a class for a method)."""
+    import importlib
+    import fakeclass
+    import nbtools
+    chapter, name = test_id.split(".")
+    nb = nbtools.read(nbtools.chapter_notebook(chapter))
+    solution = next(s for s, tests in fakeclass.cells_tested(nb).items() if f"test_{name}" in tests)
+    cell = next(c for c in nb.cells if nbtools.grade_info(c).get("grade_id") == solution)
+    ref = nbtools.reference_object(cell.source.split(nbtools.BEGIN, 1)[1])
+    owner = ref.__qualname__.rpartition(".")[0]
+    return getattr(importlib.import_module(ref.__module__), owner) if owner else ref
+
+
+@pytest.mark.parametrize("test_id", _allow_listed())
+def test_each_reference_runs_within_its_exercises_allowlist(test_id):
+    """The allowlists are checked against the references' own trace: everything each reference calls, and the
+    hidden test's harness around it, is allowed."""
+    from attncourse.autograde import run_hidden_test
+    assert run_hidden_test(test_id, _reference_for(test_id))["failures"] == []

@@ -36,6 +36,7 @@ from nbclient.exceptions import DeadKernelError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbtools  # noqa: E402
 import confinement  # noqa: E402
+import review  # noqa: E402
 import similarity  # noqa: E402
 
 DISABLED = ('raise RuntimeError("The grader disabled this cell: running it killed the Python kernel '
@@ -109,6 +110,14 @@ def disable_killer(submission, source, workdir, timeout):
         i = above[0]
     submission.cells[i].source = DISABLED
     return nbtools.grade_info(submission.cells[i]).get("grade_id", f"cell {i}")
+
+
+def students_code(root, chapter, student):
+    """The submission as the student wrote it: the original kept under salvaged/ when the grader disabled a
+    cell that killed the kernel (the graded copy holds the grader's replacement text there), else as submitted."""
+    name = nbtools.chapter_notebook(chapter).name
+    original = Path(root) / "salvaged" / student / chapter / name
+    return original if original.exists() else Path(root) / "submitted" / student / chapter / name
 
 
 def audit(sub_path, release_nb=None):
@@ -339,12 +348,16 @@ def main(argv=None):
             for cell, why in changes:
                 status[s] += f"; {cell}: {why}"
         if status[s].startswith("graded"):
+            # Code that reaches for the grading machinery: the points it could reach wait for an instructor.
+            _, held = review.hold(args.chapter, root, s, nbtools.read(students_code(root, args.chapter, s)), release)
+            if held:
+                status[s] += f"; NEEDS REVIEW: points of {', '.join(sorted(held))} held (tools/review.py)"
             # Only now is this student finished: a run stopped before here grades them again.
             done_marker(args.chapter, s, root).write_text(status[s] + "\n")
     rows, flagged = [], []
     for student in students:
         score = notebook_score(root, args.chapter, student)
-        sub = root / "submitted" / student / args.chapter / nbtools.chapter_notebook(args.chapter).name
+        sub = students_code(root, args.chapter, student)
         hits = audit(sub, release) if sub.exists() and status[student].startswith("graded") else []
         flagged += [(student, *h) for h in hits]
         rows.append((student, score, status[student], len(hits)))
@@ -357,6 +370,14 @@ def main(argv=None):
         w.writerows(flagged)
     width = max(len(r[0]) for r in rows)
     print(f"grading kernels: {confinement_note}\n")
+    held = [r for r in review.rows(root, args.chapter) if r["state"] == "held" and r["student"] in ok]
+    if held:
+        print(f"NEEDS REVIEW: {len({r['student'] for r in held})} submission(s) reach for the grading machinery; "
+              f"their points there are held until you read the lines and release them "
+              f"(make release-held CH={args.chapter} STUDENT=<name>):")
+        for r in held:
+            print(f"  {r['student']}  {r['cell']} line {r['line']}: {r['what']}: {r['code']}")
+        print()
     print(f"{'student':<{width}}  {'score':>11}  audit  status")
     for student, score, state, n in rows:
         s = "-" if score is None or not state.startswith("graded") else f"{score[0]:g} / {score[1]:g}"
