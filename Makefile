@@ -14,11 +14,13 @@ ifeq ($(filter command line,$(origin LANG)),command line)
 override LANG := C.UTF-8
 endif
 
-.PHONY: help env site publish test test-fast translations release autograde release-held feedback grades collect-zip validate benchmark clean
+.PHONY: help env site publish bundle test test-fast translations release autograde release-held feedback grades collect-zip validate benchmark clean
 
 help:
 	@echo "make site        build the website into _build/html (creates .venv if missing)"
 	@echo "make publish     the public tree -> public/ (site, student notebooks, utils, binder, README, licences; no answer)"
+	@echo "make bundle      the instructors' bundle -> dist/ (reference, grading server, instructor notebooks, zoo, tools;"
+	@echo "                 RECIPIENTS=keys.txt encrypts it to those instructors' age keys)"
 	@echo "make test        run the whole maintainers' test suite (creates .venv if missing)"
 	@echo "make test CH=ch05  one chapter's slice: reference, zoo, explorers, translations, fake class"
 	@echo "make test-fast   the suite without the nbgrader round trip and the site build"
@@ -59,6 +61,9 @@ site: $(STAMP)
 # The public tree (public/): site, student notebooks, learner package, binder recipe, README, licences; no answer.
 publish: site
 	$(BIN)/python tools/publish.py
+
+bundle: publish
+	$(BIN)/python tools/bundle.py build $(if $(RECIPIENTS),--recipients $(RECIPIENTS))
 
 # `make test CH=ch05`: one chapter's slice (its reference, zoo, explorers, translations and fake class); the
 # site is built only by the whole suite.  Only a CH given on make's command line slices (CH defaults to ch02).

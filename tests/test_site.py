@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 import nbtools
@@ -235,14 +237,20 @@ def test_what_the_prose_says_about_a_run_is_what_the_run_printed(site):
     assert not wrong, "\n\n".join(wrong)
 
 
-def test_the_public_tree_carries_no_answer(site, tmp_path):
+@pytest.fixture(scope="session")
+def public_tree(site, tmp_path_factory):
+    import publish
+    return publish.publish(tmp_path_factory.mktemp("published") / "public")
+
+
+def test_the_public_tree_carries_no_answer(public_tree, tmp_path):
     """`make publish`: the site, the student notebooks in both languages, the learner package, the binder recipe,
     the README and the licences, and nothing an answer could be read from; and the check finds a pasted reference
     body, a solution region and a private file where they should not be."""
     import textwrap
 
     import publish
-    out = publish.publish(tmp_path / "public")
+    out = public_tree
     assert sorted(p.name for p in out.iterdir()) == sorted(publish.FILES + publish.FOLDERS + ["notebooks", "site"])
     for page in toc_pages():
         chapter, name = page.split("/")[1:]
@@ -264,3 +272,75 @@ def test_the_public_tree_carries_no_answer(site, tmp_path):
         found.setdefault(str(f), []).append(what)
     assert "the reference body of ch02's sdpa" in found["utils/helpers.py"]
     assert "the marker '### BEGIN SOLUTION'" in found["notes.md"] and found["grading_salt"] == ["a private file or folder"]
+
+
+def test_a_class_is_graded_from_the_public_tree_and_the_instructors_bundle_alone(public_tree, tmp_path):
+    """An adopting instructor's course folder: a copy of the public tree with the instructors' bundle unpacked in
+    it, and a Python environment whose learner package, reference and grading server are those two trees' (its
+    other packages are reused from this one's); the development tree is not read.  The bundle checks against the
+    public tree, notices a changed file, seals with age to a recipient's key only, and grades a class there."""
+    import shutil
+    import tarfile
+
+    import bundle
+    archive = bundle.build(public_tree, tmp_path / "dist")
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        assert "solutions/attncourse_ref/grading/__main__.py" in names and "chapters/ch00/foundations.ipynb" in names
+        assert not [n for n in names if n.startswith(("utils/", "site/", "notebooks/")) or "__pycache__" in n]
+        course = tmp_path / "course"
+        shutil.copytree(public_tree, course, ignore=shutil.ignore_patterns("site"))
+        tar.extractall(course, filter="data")
+
+    def run(*args, python=sys.executable, **kw):
+        return subprocess.run([str(python), *map(str, args)], capture_output=True, text=True, **kw)
+    res = run(course / "tools" / "bundle.py", "verify", "--public", course)
+    assert res.returncode == 0 and "match" in res.stdout, res.stdout + res.stderr
+    learner = course / "notebooks" / "ch00" / "foundations.ipynb"
+    original = learner.read_bytes()
+    learner.write_bytes(original.replace(b"NotImplementedError", b"NotImplementedError ", 1))
+    res = run(course / "tools" / "bundle.py", "verify", "--public", course)
+    assert res.returncode == 1 and "notebooks/ch00/foundations.ipynb: differs" in res.stdout, res.stdout
+    learner.write_bytes(original)
+
+    if shutil.which("age"):
+        key = tmp_path / "instructor.key"
+        subprocess.run(["age-keygen", "-o", str(key)], check=True, capture_output=True)
+        recipient = [line.split(": ")[1] for line in key.read_text().splitlines() if "public key" in line][0]
+        (tmp_path / "recipients.txt").write_text(recipient + "\n")
+        sealed = bundle.build(public_tree, tmp_path / "sealed", recipients=tmp_path / "recipients.txt")
+        assert sealed.suffix == ".age" and [p.name for p in sealed.parent.iterdir()] == [sealed.name]
+        opened = subprocess.run(["age", "--decrypt", "--identity", str(key), str(sealed)], capture_output=True)
+        assert opened.returncode == 0 and opened.stdout[:2] == b"\x1f\x8b"        # the gzip archive
+        assert b"attncourse_ref" not in sealed.read_bytes()
+
+    # The new environment: this one's files hard-linked (no copy, no download; a linked file is never written
+    # to), without the editable installs of this tree, with the course folder's packages on its path instead.
+    env = tmp_path / "env"
+    subprocess.run(["cp", "-al", sys.prefix, str(env)], check=True)
+    python = env / "bin" / "python"
+    site_packages = Path(run("-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", python=python)
+                         .stdout.strip())
+    for f in site_packages.glob("__editable__*"):
+        f.unlink()
+    (site_packages / "course.pth").write_text(f"{course / 'utils'}\n{course / 'solutions'}\n")
+    for script in ("nbgrader", "alembic"):         # console scripts, on the new interpreter
+        text = (env / "bin" / script).read_text().split("\n", 1)[1]
+        (env / "bin" / script).unlink()
+        (env / "bin" / script).write_text(f"#!{python}\n{text}")
+        (env / "bin" / script).chmod(0o755)
+    where = run("-I", "-c", "import attncourse, attncourse_ref.grading; print(attncourse.__file__); "
+                "print(attncourse_ref.grading.__file__)", python=python, cwd=tmp_path)
+    assert where.returncode == 0 and all(line.startswith(str(course)) for line in where.stdout.split()), where
+
+    import fakeclass
+    students = fakeclass.build("ch00", course, only={"correct", "blank", "zoo-01"})
+    res = run(course / "tools" / "grade_class.py", "ch00", "--root", course, python=python, cwd=course,
+              env=dict(os.environ, ATTNCOURSE_CELL_TIMEOUT="60"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        got = {s.name: {g.name: g.score for nb in gb.find_submission("ch00", s.name).notebooks for g in nb.grades}
+               for s in students}
+    assert got == fakeclass.expected_scores("ch00", students), res.stdout
+    assert list((course / "verdicts" / "ch00").glob("*.jsonl")), "the course's own grading server recorded nothing"
