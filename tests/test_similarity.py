@@ -62,3 +62,21 @@ def test_a_short_exercise_is_not_a_list_of_false_alarms():
     mask_a = "def causal_mask(n, device=None):\n    return torch.ones(n, n, dtype=torch.bool, device=device).tril()\n"
     mask_b = "def causal_mask(n, device=None):\n    m = torch.ones(n, n, device=device, dtype=torch.bool)\n    return m.tril()\n"
     assert similarity.near_copies({"a": {"causal_mask": mask_a}, "b": {"causal_mask": mask_b}}, {}) == []
+
+
+def test_the_near_copy_report_speaks_the_instructors_language():
+    from attncourse.i18n import set_language
+    rows = [("sdpa", "alice", similarity.REFERENCE, 1.0), ("causal_mask", "bob", "carol", 0.875)]
+    assert similarity.describe("ch02", rows) == [
+        "2 near-copies (similarity_ch02.csv), to read before releasing grades:",
+        "  sdpa: alice ~ the reference solution (100% of the shorter solution's fingerprints shared)",
+        "  causal_mask: bob ~ carol (88% of the shorter solution's fingerprints shared)"]
+    set_language("zh")
+    try:
+        assert similarity.describe("ch02", rows) == [
+            "2 对近似抄袭（见 similarity_ch02.csv），发布成绩前请先核查：",
+            "  sdpa：alice ~ 参考解答（较短一方的指纹有 100% 相同）",
+            "  causal_mask：bob ~ carol（较短一方的指纹有 88% 相同）"]
+    finally:
+        set_language("en")
+    assert similarity.describe("ch02", []) == []

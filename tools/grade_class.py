@@ -389,9 +389,7 @@ def main(argv=None):
     # Near-copies of the reference and between classmates, over the whole class (tools/similarity.py).
     copies = similarity.report(args.chapter, root)
     if copies:
-        print(f"\n{len(copies)} near-copies (similarity_{args.chapter}.csv), to read before releasing grades:")
-        for gid, who, whom, share in copies[:20]:
-            print(f"  {gid}: {who} ~ {whom} ({share:.0%} of the shorter solution's fingerprints shared)")
+        print("\n" + "\n".join(similarity.describe(args.chapter, copies)))
     return 0
 
 

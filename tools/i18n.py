@@ -187,7 +187,8 @@ class Messages(Source):
     catalogue lives in the package (attncourse.i18n reads the compiled .mo with gettext)."""
     FILES = ["utils/attncourse/checks/*.py", "utils/attncourse/autograde.py", "utils/attncourse/forbid.py",
              "utils/attncourse/lab/*.py", "utils/attncourse/explore/*.py",
-             "utils/attncourse/validate.py", "utils/attncourse/cli.py", "solutions/attncourse_ref/grading/*.py"]
+             "utils/attncourse/validate.py", "utils/attncourse/cli.py", "solutions/attncourse_ref/grading/*.py",
+             "tools/similarity.py"]
 
     def __init__(self):
         super().__init__("messages", ROOT / "utils" / "attncourse")
@@ -204,16 +205,19 @@ class Messages(Source):
         for pattern in self.FILES:
             for path in sorted(ROOT.glob(pattern)):
                 cases = path.parent.name == "grading" and path.name.startswith("ch")
-                for template, line in message_templates(path.read_text(encoding="utf-8"), inputs=cases):
+                # The instructors' tools say in Chinese only what they pass to translate().
+                for template, line in message_templates(path.read_text(encoding="utf-8"), inputs=cases,
+                                                        translated_only=path.parent.name == "tools"):
                     seen.setdefault(template, f"{path.relative_to(ROOT)}:{line}")
         return list(seen.items())
 
 
-def message_templates(code, inputs=False):
+def message_templates(code, inputs=False, translated_only=False):
     """[(template, line)] of the strings and f-strings in ``code`` that read as messages (two words, or
     one word between placeholders), docstrings left out.  ``inputs``: ``code`` builds a hidden test's
     cases, so its plain strings in collections or passed to calls are the test's inputs, not
-    messages, and are left out (they must not ship with the learner package)."""
+    messages, and are left out (they must not ship with the learner package).  ``translated_only``: only the
+    strings ``code`` passes to ``translate(...)``."""
     import ast
     tree = ast.parse(code)
     skip = set()
@@ -231,9 +235,11 @@ def message_templates(code, inputs=False):
             skip.add(id(node.body[0].value))
         if isinstance(node, ast.JoinedStr):
             skip |= {id(v) for v in ast.walk(node) if v is not node}
+    passed = {id(node.args[0]) for node in ast.walk(tree) if isinstance(node, ast.Call) and node.args
+              and isinstance(node.func, ast.Name) and node.func.id == "translate"}
     out = []
     for node in ast.walk(tree):
-        if id(node) in skip:
+        if id(node) in skip or (translated_only and id(node) not in passed):
             continue
         if isinstance(node, ast.JoinedStr):
             template = "".join(_template_part(v) for v in node.values)

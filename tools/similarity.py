@@ -166,15 +166,29 @@ def report(chapter, root):
     return rows
 
 
+def describe(chapter, rows, limit=20):
+    """The grader's report on near-copies (the first ``limit`` of ``rows``), in the instructor's language
+    (ATTNCOURSE_LANGUAGE=zh: Chinese)."""
+    from attncourse.i18n import translate
+
+    def name(who):
+        return translate("the reference solution") if who == REFERENCE else who
+    if not rows:
+        return []
+    lines = [translate(f"{len(rows)} near-copies (similarity_{chapter}.csv), to read before releasing grades:")]
+    for gid, who, whom, share in rows[:limit]:
+        lines.append("  " + translate(f"{gid}: {name(who)} ~ {name(whom)} ({share:.0%} of the shorter solution's "
+                                      "fingerprints shared)"))
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("chapter")
     ap.add_argument("--root", default=str(nbtools.ROOT))
     args = ap.parse_args(argv)
     rows = report(args.chapter, args.root)
-    for gid, who, whom, s in rows:
-        print(f"near-copy  {gid}: {who} ~ {whom} ({s:.0%} of the shorter one's fingerprints shared)")
-    print(f"{len(rows)} near-copies listed in similarity_{args.chapter}.csv")
+    print("\n".join(describe(args.chapter, rows, limit=len(rows))) or f"no near-copies in {args.chapter}")
 
 
 if __name__ == "__main__":
