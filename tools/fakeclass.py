@@ -5,8 +5,8 @@
 Used by tests/test_fake_class.py and tools/benchmark.py.  Students:
   correct       every solution cell filled in from the reference package (full marks)
   blank         the release untouched (zero)
-  zoo-N         mistake-zoo variants (tests/zoo/<chapter>.py), packed so that no two in one
-                student touch the same test cells: each loses exactly its own points
+  zoo-N         mistake-zoo variants (tests/zoo/<chapter>.py), packed so that each is still seen
+                (``pack``): its own test cells lost by it alone, and each cascade once on its own
   cheat-*, loop, killer, warning: the generic attacks of ``generic_students``
 
 Every student but ``correct`` and ``blank`` skips the chapter's demonstrations
@@ -46,12 +46,23 @@ def cells_tested(nb):
     return own
 
 
-def pack(variants):
-    """Group variants so that within a group cells differ and the failing test sets are disjoint."""
+def pack(variants, own):
+    """Group variants into students so that each is still seen: within a group the cells differ, each variant's
+    own test cells (``own``: cells_tested) are lost by it alone, and so is each cascade (a downstream test cell
+    that a variant loses through another cell's use of its code) for one variant of that cell, its witness.  Other
+    downstream losses may coincide: each variant's own cells and each cascade are still checked on their own."""
+    witness = {}
+    for v in variants:
+        for t in sorted(v.loses - set(own[v.cell])):
+            witness.setdefault((v.cell, t), v)
+
+    def alone(v):
+        """Test cells ``v`` must lose with no other variant of its group losing them."""
+        return (set(own[v.cell]) & v.loses) | {t for (_, t), w in witness.items() if w is v}
     groups = []
     for v in variants:
         for g in groups:
-            if all(v.cell != o.cell and not (v.loses & o.loses) for o in g):
+            if all(v.cell != o.cell and not (alone(v) & o.loses) and not (alone(o) & v.loses) for o in g):
                 g.append(v)
                 break
         else:
@@ -220,7 +231,7 @@ def build(chapter, root, language="en", only=None, demonstrations=False):
         nbtools.write(release, root / "release" / chapter / name)
     variants = zoo(chapter)
     students = generic_students(chapter, instructor)
-    for i, group in enumerate(pack(variants)):
+    for i, group in enumerate(pack(variants, cells_tested(instructor))):
         students.append(Student(f"zoo-{i + 1:02d}", {v.cell: v.impl for v in group},
                                 fails=set().union(*(v.loses for v in group)),
                                 note="; ".join(v.name for v in group)))

@@ -741,13 +741,14 @@ def _gqa_describe(init, x, past=None, train=False):
 
 @hidden_test("ch06.gqa", forbid=NO_MHA)
 def gqa(rng):
-    """Ten cases, float64 in two of three; training mode (dropout 0.5) in four; the returned cache must hold
-    n_kv_head heads (a cache of repeated keys has the wrong shape in every case with n_kv_head < n_head)."""
+    """Twelve cases, float64 in two of three; training mode (dropout 0.5) in four; evaluation mode with a nonzero
+    dropout, which must then do nothing, in seven, and with none in one; the returned cache must hold n_kv_head
+    heads (a cache of repeated keys has the wrong shape in every case with n_kv_head < n_head)."""
     cases = []
-    for i in range(10):
+    for i in range(12):
         init = _gqa_init(rng, i)
         train = i in (1, 3, 6, 8)
-        init["dropout"] = 0.5 if train else [0.0, 0.3][i % 2 == 0]   # evaluation mode: dropout must do nothing
+        init["dropout"] = 0.5 if train else (0.0 if i == 5 else 0.3)    # evaluation mode: dropout must do nothing
         dtype = _mostly64(i)
         module = _randomize(ref.GroupedQueryAttention(**init), rng).to(dtype)
         b, t = int(rng.integers(1, 4)), int(rng.integers(2, 8))
@@ -759,10 +760,11 @@ def gqa(rng):
 
 @hidden_test("ch06.gqa_cache", forbid=NO_MHA)
 def gqa_cache(rng):
-    """Eight cases with a cache of n_kv_head heads: one new token in three, two to four in five."""
+    """Eight cases with a cache of n_kv_head heads: one new token in three, two to four in five; a nonzero dropout
+    in six, which evaluation mode must ignore."""
     cases = []
     for i in range(8):
-        init = {**_gqa_init(rng, i + 3), "dropout": [0.0, 0.3][i % 2]}  # evaluation mode: dropout does nothing
+        init = {**_gqa_init(rng, i + 3), "dropout": 0.0 if i % 4 == 0 else 0.3}  # evaluation mode: dropout does nothing
         dtype = _mostly64(i)
         module = _randomize(ref.GroupedQueryAttention(**init), rng).to(dtype)
         b, t_past, t = int(rng.integers(1, 4)), int(rng.integers(1, 7)), (1 if i % 3 == 0 else int(rng.integers(2, 5)))

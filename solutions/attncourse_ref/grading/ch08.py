@@ -232,10 +232,11 @@ def biased_top_k_router(rng):
     return cases
 
 
-def _loads(rng, n_experts, tokens, k, last_idle=False):
+def _loads(rng, n_experts, tokens, k, last_idle=False, at_whole_mean=False):
     """Choices ([tokens, k], k different experts per token) whose per-expert loads are drawn: some experts
     exactly at the mean load (at its whole part when T k / E is not whole), some idle, the others above or
-    below it; with ``last_idle``, the last expert gets no token (a count by bincount needs its minlength)."""
+    below it; with ``last_idle``, the last expert gets no token (a count by bincount needs its minlength); with
+    ``at_whole_mean``, at least one expert sits exactly at the mean's whole part."""
     mean = tokens * k // n_experts
     counts = np.full(n_experts, mean)
     counts[rng.choice(n_experts, tokens * k - mean * n_experts, replace=False)] += 1   # the remainder, if any
@@ -253,6 +254,14 @@ def _loads(rng, n_experts, tokens, k, last_idle=False):
         for _ in range(counts[-1]):                           # hand its assignments to experts with room
             counts[int(rng.choice(np.flatnonzero(counts[:-1] < tokens)))] += 1
         counts[-1] = 0
+    if at_whole_mean and not (counts[:-1] == mean).any():
+        # move load between expert 0 and the others until it sits at the mean's whole part
+        while counts[0] != mean:
+            step = 1 if counts[0] < mean else -1
+            donors = [e for e in range(1, n_experts - (1 if last_idle else 0))
+                      if (counts[e] > 0 if step > 0 else counts[e] < tokens)]
+            counts[int(rng.choice(donors))] -= step
+            counts[0] += step
     flat = np.repeat(np.arange(n_experts), counts)           # expert runs of at most `tokens`
     grid = flat.reshape(k, tokens).T                          # token t: entries t, T + t, ...: k different experts
     return torch.from_numpy(grid[rng.permutation(tokens)].copy()).long()
@@ -281,21 +290,22 @@ def update_bias(rng):
                                                   f"experts {list(experts.shape)}, gamma={gamma})"))
             continue
         cases.append(function_case(ref.update_bias, [bias, experts, gamma]))
-    for i in range(6):
-        # T k not a multiple of E in four cases (experts at the whole part of the mean are below it, not at it),
-        # the last expert idle in four: what bincount without minlength and T * k // E get wrong
+    for i in range(12):
+        # The mistakes the text names, in every one of these cases (so each is caught by most of the test's cases,
+        # under any salt): T k not a multiple of E (experts at the whole part of the mean are below it, not at it:
+        # T * k // E gets them wrong), the last expert idle (bincount without minlength returns E - 1 loads), and a
+        # bias that requires grad (the new bias must carry no autograd history).
         dtype = DTYPES[i % 2]
         n_experts = int(rng.integers(3, 17))
-        k = int(rng.integers(1, n_experts))
-        tokens = n_experts * int(rng.integers(2, 6)) + (int(rng.integers(1, n_experts)) if i < 4 else 0)
-        while i < 4 and tokens * k % n_experts == 0:           # r k can be a multiple of E; r + 1, ... not all
+        k = int(rng.integers(1, n_experts - 1))     # k <= E - 2: with the last expert idle, one can sit at the mean
+        tokens = n_experts * int(rng.integers(2, 6)) + int(rng.integers(1, n_experts))
+        while tokens * k % n_experts == 0:           # r k can be a multiple of E; r + 1, ... not all
             tokens += 1
-        experts = _loads(rng, n_experts, tokens, k, last_idle=i >= 2)
+        experts = _loads(rng, n_experts, tokens, k, last_idle=True, at_whole_mean=True)
         bias = _tensor(rng, (n_experts,), dtype, 0.01)
-        cases.append(function_case(ref.update_bias, [bias, experts, [0.01, 0.05][i % 2]],
-                                   describe=f"({tokens} tokens, k={k}, {n_experts} experts"
-                                            f"{', T*k/E not whole' if tokens * k % n_experts else ''}"
-                                            f"{', the last expert idle' if i >= 2 else ''})"))
+        cases.append(no_history_case(ref.update_bias, [bias, experts, [0.01, 0.05][i % 2]], held=(0,),
+                                     describe=f"({tokens} tokens, k={k}, {n_experts} experts, T*k/E not whole, the "
+                                              f"last expert idle, bias {str(dtype)[6:]} with requires_grad=True)"))
     return cases
 
 
