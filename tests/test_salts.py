@@ -134,18 +134,37 @@ def _server_with_salt(value):
         autograde._server = previous
 
 
+# Mistakes of the exercises added last whose hidden tests were built so that most of their cases catch them
+# (issue 33): each must fail more than half of its test's cases under every salt tried.
+MOST_CASES = {
+    "ch05": {"label smoothing with log(softmax(x)) (underflows on large logits)"},
+    "ch06": {"attention dropout applied in evaluation mode too", "random replacements drawn from 1 .. V - 1 (id 0 never)"},
+    "ch08": {"loads counted by bincount without minlength (an idle last expert)",
+             "mean load by integer division (T * k // E)", "bias update that keeps autograd history",
+             "DeepSeekMoE routes under torch.no_grad() (its router can never learn)"},
+    "ch09": {"AdamW decaying parameters that have no gradient"},
+}
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_every_zoo_variant_fails_its_hidden_test_under_other_salts(chapter):
     """test_zoo checks each variant under the suite's salt; here, under two more: a mistake caught by one
-    or two lucky cases of one salt is not caught."""
+    or two lucky cases of one salt is not caught.  The variants of MOST_CASES must fail most cases, under the
+    suite's salt too."""
     from attncourse.autograde import run_hidden_test
     from test_zoo import candidate_for
-    missed = []
-    for value in OTHER_SALTS:
+    missed, most = [], MOST_CASES.get(chapter, set())
+    assert most <= {v.name for v in zoo(chapter)}, most - {v.name for v in zoo(chapter)}
+    for value in ["attncourse", *OTHER_SALTS]:
         with _server_with_salt(value):
             for variant in zoo(chapter):
+                if value == "attncourse" and variant.name not in most:
+                    continue                                   # test_zoo runs every variant under this salt
                 for test_cell in sorted(variant.fails):
                     verdict = run_hidden_test(f"{chapter}.{test_cell.removeprefix('test_')}", candidate_for(chapter, variant))
-                    if not verdict["failures"]:
+                    failed, n = len(verdict["failures"]), verdict["n_cases"]
+                    if not failed:
                         missed.append(f"{variant.name} passes {test_cell} under salt {value!r}")
+                    elif variant.name in most and 2 * failed <= n:
+                        missed.append(f"{variant.name} fails only {failed} of {n} cases of {test_cell} under salt {value!r}")
     assert not missed, "\n".join(missed)

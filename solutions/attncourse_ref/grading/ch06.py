@@ -612,12 +612,13 @@ def mlm_statistics(rng):
     """Over 32,768 positions per case (about 24,000 of them not special) the share chosen and the 80/10/10
     split must lie within 5 standard deviations of an honest draw's (e.g. 0.15 +- 0.011 chosen, 0.8 +-
     0.033 masked), and the random replacements must pass a chi-square test of uniformity over the whole
-    vocabulary (the batch's words use only its first twentieth), id by id in a vocabulary of 12. Each case is
-    called twice with
-    generators of the same seed: the same masking."""
+    vocabulary (the batch's words use only its first twentieth), id by id in vocabularies of 8 to 16 ids (in
+    most cases: about 90 to 180 replacements per id, so a draw that never gives id 0 fails). Each case is called
+    twice with generators of the same seed: the same masking."""
     cases = []
-    # (vocab size, mlm_prob, words 4 .. words - 1); the last, a vocabulary of 12 ids, tests every id on its own
-    for v, p, words in [(1000, 0.15, 50), (200, 0.3, 10), (500, 0.15, 25), (12, 0.5, 12)]:
+    # (vocab size, mlm_prob, words 4 .. words - 1); a vocabulary of at most 16 ids tests every id on its own
+    for v, p, words in [(1000, 0.15, 50), (200, 0.3, 10), (500, 0.15, 25), (12, 0.5, 12), (8, 0.6, 8),
+                        (16, 0.6, 16), (10, 0.6, 10), (14, 0.6, 14)]:
         tokens, special = _mlm_batch(rng, 128, 256, v, words=words)
         kwargs = {"generator": _seeded(rng)} if p == 0.15 else {"mlm_prob": p, "generator": _seeded(rng)}
         cases.append(judged_case([tokens, special, 3, v], kwargs, repeat=2,

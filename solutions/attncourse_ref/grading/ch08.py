@@ -325,8 +325,9 @@ def deepseek_moe(rng):
         shapes = [(d,), (int(rng.integers(2, 6)), d), (2, int(rng.integers(2, 5)), d), (2, 2, 3, d)]
         x = _tensor(rng, shapes[i % len(shapes)] if i else (5, d), dtype)
         init = {"d_model": d, "d_hidden": h, "n_experts": n_experts, "k": k, "n_shared": n_shared}
-        # three with gradients: the gates carry the router's gradient to x (routing under torch.no_grad() does not)
-        cases.append(module_grad_case(module, init, [x], rng=rng) if i in (1, 5, 8) else module_case(module, init, [x]))
+        # seven with gradients, all with k >= 2: the gates carry the router's gradient to x (routing under
+        # torch.no_grad() does not; with k = 1 every gate is 1 and carries none)
+        cases.append(module_case(module, init, [x]) if k == 1 or i == 9 else module_grad_case(module, init, [x], rng=rng))
     return cases
 
 
