@@ -788,6 +788,37 @@ def beam_ties_by_token(decode, memory, memory_mask, bos, eos, max_len, beam_size
     return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
 
 
+@_add("beam search where the later of two equal finished hypotheses wins", "beam_search", {"test_beam_search"},
+      "check_beam_search", "set aside later")
+def beam_last_of_equal(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):
+    answers, scores = [], []
+    for b in range(memory.shape[0]):
+        mem = memory[b:b + 1]
+        mask = None if memory_mask is None else memory_mask[b:b + 1]
+        alive, best = [([], 0.0)], None
+        for t in range(1, max_len + 1):
+            candidates = []
+            for tokens, logp in alive:
+                lps = F.log_softmax(decode(torch.tensor([[bos] + tokens]), mem, mask)[0, -1], dim=-1)
+                candidates += [(tokens + [v], logp + lps[v]) for v in range(len(lps))]
+            kept = sorted(candidates, key=lambda c: -float(c[1]))[:beam_size]
+            alive = []
+            for tokens, logp in kept:
+                if tokens[-1] == eos or t == max_len:
+                    score = logp / ((5 + t) / 6) ** alpha
+                    if best is None or score >= best[0]:          # >=: a later equal one replaces the first
+                        best = (score, tokens)
+                else:
+                    alive.append((tokens, logp))
+            bound = None if not alive else max(float(lp) for _, lp in alive) / ((5 + max_len) / 6) ** alpha
+            if not alive or (best is not None and best[0] >= bound):
+                break
+        answers.append(best[1])
+        scores.append(best[0])
+    width = max(len(a) for a in answers)
+    return torch.tensor([a + [pad] * (width - len(a)) for a in answers]), torch.stack(scores)
+
+
 @_add("beam search stopping early against lp(t), not lp(max_len)", "beam_search", {"test_beam_search"},
       "check_beam_search", "lp(max_len)")
 def beam_stop_lp_t(decode, memory, memory_mask, bos, eos, max_len, beam_size, alpha=0.0, pad=0):

@@ -750,7 +750,8 @@ BEAM_MISTAKES = ("no_penalty", "eos_not_counted", "eos_expanded", "top_per_beam"
 
 def _plain_beam(decode, memory, mask, bos, eos, max_len, beam, alpha, mistake=None):
     """Beam search one row at a time with lists, as the exercise states it, or with one of BEAM_MISTAKES or of
-    the two beam forms of other codebases the text sets apart: "keep_finished" (a finished hypothesis keeps its
+    the two beam forms of other codebases the text sets apart, or "last_of_equal" (of equal finished scores the
+    one set aside last wins, where the exercise keeps the first): "keep_finished" (a finished hypothesis keeps its
     slot in the beam, as in the common vectorised form) and "refill" (fairseq's and Hugging Face's: of the top
     2 beam_size candidates, those in the first beam_size that end are finished, and the first beam_size that
     do not end go on, so the beam never shrinks)."""
@@ -786,7 +787,7 @@ def _plain_beam(decode, memory, mask, bos, eos, max_len, beam, alpha, mistake=No
                     score = logp if mistake == "no_penalty" else logp / ((5 + length) / 6) ** alpha
                     if mistake == "eos_expanded" and eos in tokens:
                         tokens = tokens[:tokens.index(eos) + 1]
-                    if best is None or score > best[0]:
+                    if best is None or score > best[0] or (mistake == "last_of_equal" and score == best[0]):
                         best = (score, tokens)
                     if mistake == "keep_finished":
                         held.append((tokens, logp))
@@ -847,14 +848,17 @@ def _beam_check_case():
         tied = ref.beam_search(score_table(tie_table), tie_memory, None, 1, 3, 5, 2, 0.0)
         answer = [row[:row.index(3) + 1] if 3 in row else row for row in tied[0].tolist()]
         token_first = _plain_beam(score_table(tie_table), tie_memory, None, 1, 3, 5, 2, 0.0, "token_first")[0]
-        if any(_ties_decide(tie_table, tie_memory, None, 1, 3, 5, 2, 0.0, answer)) and not torch.equal(token_first, tied[0]):
+        last = _plain_beam(score_table(tie_table), tie_memory, None, 1, 3, 5, 2, 0.0, "last_of_equal")[0]
+        # the order of equal candidates decides, and so does which of two equal finished hypotheses wins
+        if any(_ties_decide(tie_table, tie_memory, None, 1, 3, 5, 2, 0.0, answer)) and not torch.equal(token_first, tied[0]) \
+                and not torch.equal(last, tied[0]) and not torch.equal(last, token_first):
             break
     else:
         raise AssertionError("no beam search tie case found")
     return {"table": table, "memory": memory, "mask": CHECK_MASK,
             "bos": 1, "eos": 3, "max_len": 5, "settings": entries, "greedy": greedy,
             "tie_table": tie_table, "tie_memory": tie_memory, "tie_beam_size": 2, "tie_tokens": tied[0],
-            "tie_scores": tied[1]}
+            "tie_scores": tied[1], "tie_last_tokens": last}
 
 
 def _mask_repeated(decode, batch):

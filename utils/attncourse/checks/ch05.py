@@ -647,12 +647,19 @@ def check_beam_search(fn):
     out = call(fn, score_table(tensor(c["tie_table"])), tensor(c["tie_memory"]), None, c["bos"], c["eos"],
                c["max_len"], c["tie_beam_size"], what="beam_search on a score table with exact ties")
     tokens, scores = _beam_result(out, "beam_search on a score table with exact ties", 2, torch.float64)
+    if not _same_answer(tokens, scores, c["tie_tokens"], c["tie_scores"]) \
+            and torch.equal(tokens, torch.as_tensor(c["tie_last_tokens"])):
+        fail(f"where two finished hypotheses score exactly the same your search answers the one set aside later "
+             f"(tokens\n{tokens}\ninstead of\n{torch.tensor(c['tie_tokens'])}): of equal finished scores the first one "
+             "set aside wins, at one step the first in its ranking (torch.argmax returns the first of equal maxima; a "
+             "comparison with >= lets a later one replace it)")
     if not _same_answer(tokens, scores, c["tie_tokens"], c["tie_scores"]):
         fail(f"where candidates tie exactly your search keeps other ones than expected (tokens\n{tokens}\ninstead "
              f"of\n{torch.tensor(c['tie_tokens'])}): rank the flattened [hypotheses, V] candidates with a stable sort "
              "(torch.sort(..., descending=True, stable=True)), so that equal ones keep the lower hypothesis index, then "
              "the lower token id")
-    ok("float32 in, float32 scores out; exact ties broken by hypothesis index, then token id")
+    ok("float32 in, float32 scores out; exact ties broken by hypothesis index, then token id, and of equal finished "
+       "scores the first wins")
     for e in c["planted"]:
         table = tensor(e["table"])
         out = call(fn, score_table(table), torch.zeros(1, e["max_len"], table.shape[-1], dtype=torch.float64), None,
