@@ -28,6 +28,12 @@ def row(text, label):
     return numbers(r"(-?\d[\d,]*\.?\d*(?:e[-+]\d+)?)", line[line.index(label) + len(label):])
 
 
+def _hand_made(out, part):
+    """{run: answer} of part 1 or 2 of chapter 05's hand-made decoders (§5.10)."""
+    section = out.split(f"{part}. ", 1)[1].split("\n\n", 1)[0]
+    return {line[:22].strip(): line[22:].split("log P")[0].strip() for line in section.splitlines()[1:]}
+
+
 # The rows of chapter 05's beam search table (§5.10).
 _BEAM_ROWS = ["width 1 (greedy)", "width 3, alpha 0.0", "width 3, alpha 0.6", "width 5, alpha 0.0", "width 5, alpha 0.6"]
 
@@ -91,6 +97,14 @@ CLAIMS = {
               "def beam_translate",
               lambda out: all(row(out, r)[3] == 0 and row(out, r)[0] == row(out, "width 1 (greedy)")[0]
                               and abs(row(out, r)[2] - row(out, "width 1 (greedy)")[2]) < 1e-4 for r in _BEAM_ROWS)),
+        Claim("greedy decoding commits to A, and a beam of two keeps B as well and finds the likelier answer",
+              "def hand_made", lambda out: _hand_made(out, 1)["greedy decoding"] == "A <eos>"
+              and _hand_made(out, 1)["beam 2, alpha 0.0"] == "B <eos>"
+              and row(out, "beam 2, alpha 0.0")[-2] > row(out, "beam 1, alpha 0.0")[-2]),
+        Claim("the plain log-probability and $\\alpha = 0.6$ keep the short answer, while $\\alpha = 1$ divides enough "
+              "out of the long one's log-probability to prefer it", "def hand_made",
+              lambda out: _hand_made(out, 2)["beam 2, alpha 0.0"] == _hand_made(out, 2)["beam 2, alpha 0.6"] == "<eos>"
+              and _hand_made(out, 2)["beam 2, alpha 1.0"] == "A C <eos>"),
         Claim("The model of §5.9 is sure of almost every token", "def projection_inputs",
               lambda out: row(out, "§5.9's model (eps = 0)")[0] > 0.99),
         Claim("every answer has 11 tokens (10 characters and `<eos>`)", "def beam_translate",
