@@ -31,6 +31,15 @@ c.Execute.shutdown_kernel = "immediate"
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"(?m)^\S.*:\d+: \w*Warning: "
 
+# Feedback pages in the student's language: nbgrader's own feedback template with its labels translated for
+# the Chinese edition's notebooks (tools/templates/feedback_attncourse).
+import nbgrader  # noqa: E402
+
+c.HTMLExporter.template_name = "feedback_attncourse"
+c.HTMLExporter.extra_template_basedirs = [
+    os.path.join(os.path.dirname(nbgrader.__file__), "server_extensions", "formgrader", "templates"),
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "templates")]
+
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 
 # LMS downloads (make collect-zip): files named <student>_<notebook>.ipynb inside

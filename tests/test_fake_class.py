@@ -97,6 +97,7 @@ def check_ch02_extras(root, report):
     assert res.returncode == 0, res.stderr
     fb = (root / "feedback" / "zoo-01" / "ch02" / "attention.html").read_text()
     assert "query axis" in fb                       # the visible check's diagnosis reaches the student
+    assert '<html lang="en">' in fb and "(Score: " in fb and "Student's answer" in fb   # nbgrader's labels, in English
     fb = (root / "feedback" / "cheat-sneaky" / "ch02" / "attention.html").read_text()
     from attncourse.sandbox import landlock_abi
     if landlock_abi():

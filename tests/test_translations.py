@@ -239,6 +239,10 @@ def test_chinese_notebooks_are_graded_exactly_like_english_ones(tmp_path):
     feedback = html.unescape(re.sub(r"<[^>]+>", "", (tmp_path / "feedback" / zoo.name / "ch04" / "positional.html").read_text()))
     said = re.findall(r"CheckFailed: ([^\n]*)", feedback)
     assert said and all(re.search(r"[\u4e00-\u9fff]", s) for s in said), f"a diagnosis is not in Chinese: {said}"
+    # ... and so does the page around them: nbgrader's labels (tools/templates/feedback_attncourse).
+    page = (tmp_path / "feedback" / "correct" / "ch04" / "positional.html").read_text()
+    assert '<html lang="zh">' in page and "（得分：" in page and "学生的答案" in page and "评分单元格：" in page, page[:2000]
+    assert not re.search(r"\(Score: |Student's answer|Grade cell: |\(Top\)", page)
 
 
 @pytest.mark.slow
