@@ -508,3 +508,31 @@ def test_the_wait_policy_reads_what_runs_now_and_each_run_chooses_its_own(tmp_pa
     out = subprocess.run([sys.executable, "-c", parent], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert "parent ACTIVE" in out.stdout or "parent PASSIVE" in out.stdout, out.stdout + out.stderr
     assert "policy None" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_run_speaks_the_learners_language(tmp_path):
+    """Progress lines and the run's plot in Chinese for a Chinese notebook (set_language("zh")); the plot keeps
+    English labels where matplotlib has no font with Chinese glyphs (it would draw empty boxes)."""
+    import warnings
+
+    from attncourse.i18n import set_language, translate
+    assert train.plot_labels() == (["training loss (one batch)", "validation loss", "optimizer step",
+                                    "cross-entropy (nats per character)", "Training run"], None)
+    log = tmp_path / "log.csv"
+    log.write_text("step,train_loss,val_loss\n1,4.2,\n2,3.9,4.0\n3,3.5,3.7\n")
+    set_language("zh")
+    try:
+        assert [translate(m) for m in ("step   100 of 2000", "train loss 2.345", "val loss 2.401",
+                                       "12,345 tokens per second")] == \
+            ["第   100 步，共 2000 步", "训练损失 2.345", "验证损失 2.401", "每秒 12,345 个词元"]
+        labels, family = train.plot_labels()
+        if family is None:
+            assert labels[0] == "training loss (one batch)"
+            pytest.skip("no font with Chinese glyphs here (Debian: fonts-noto-cjk): the plot stays in English")
+        assert labels[1] == "验证损失" and "CJK" in family[0]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="Glyph .* missing")
+            train.plot(log, tmp_path / "loss.png")
+    finally:
+        set_language("en")
+    assert (tmp_path / "loss.png").stat().st_size > 5000

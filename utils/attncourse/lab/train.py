@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from . import data as labdata
 from . import hardware, learner
-from ..i18n import translate
+from ..i18n import language, translate
 from .fallback import FallbackGPT, gpt2_style_init
 
 
@@ -354,23 +354,53 @@ def sample(model, corpus, cfg, rt, autocast, prompt="\n"):
     return corpus.decode(idx[0, len(prompt):].tolist())
 
 
+def _cjk_font():
+    """The name of a font with Chinese glyphs (Debian: fonts-noto-cjk), or None.  Matplotlib's font cache may
+    predate the fonts: the system's CJK font files are then added to it."""
+    from matplotlib import font_manager
+
+    def known():
+        names = {f.name for f in font_manager.fontManager.ttflist if "CJK" in f.name}
+        # simplified Chinese sans first (the course's text), then any other CJK face
+        return min(names, key=lambda n: ("Sans" not in n, "SC" not in n, n), default=None)
+    if known() is None:
+        for path in font_manager.findSystemFonts():
+            if "CJK" in os.path.basename(path):
+                font_manager.fontManager.addfont(path)
+    return known()
+
+
+def plot_labels():
+    """The run plot's labels and the font family to draw them with: in the learner's language (set_language), or
+    in English where matplotlib has no font with Chinese glyphs (it would draw empty boxes)."""
+    labels = ["training loss (one batch)", "validation loss", "optimizer step", "cross-entropy (nats per character)",
+              "Training run"]
+    cjk = _cjk_font() if language() == "zh" else None
+    if cjk is None:
+        return labels, None
+    return [translate(label) for label in labels], [cjk, "sans-serif"]
+
+
 def plot(log_path, out_path):
     # A Figure without pyplot: no window, and no change to the backend of a notebook that calls train().
+    import matplotlib
     from matplotlib.figure import Figure
     with open(log_path) as f:
         rows = list(csv.DictReader(f))
-    fig = Figure(figsize=(6, 3.5))
-    ax = fig.add_subplot()
-    tr = [(int(r["step"]), float(r["train_loss"])) for r in rows if r["train_loss"]]
-    va = [(int(r["step"]), float(r["val_loss"])) for r in rows if r["val_loss"]]
-    if tr:
-        ax.plot(*zip(*tr), label="training (batch)", alpha=0.7)
-    if va:
-        ax.plot(*zip(*va), "o-", label="validation")
-    ax.set(xlabel="optimizer step", ylabel="cross-entropy (nats per character)", title="Training run")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
+    (train_label, val_label, xlabel, ylabel, title), family = plot_labels()
+    with matplotlib.rc_context({"font.family": family} if family else {}):
+        fig = Figure(figsize=(6, 3.5))
+        ax = fig.add_subplot()
+        tr = [(int(r["step"]), float(r["train_loss"])) for r in rows if r["train_loss"]]
+        va = [(int(r["step"]), float(r["val_loss"])) for r in rows if r["val_loss"]]
+        if tr:
+            ax.plot(*zip(*tr), label=train_label, alpha=0.7)
+        if va:
+            ax.plot(*zip(*va), "o-", label=val_label)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_path, dpi=100)
 
 
 CALIBRATION_STEPS = 8
@@ -577,15 +607,19 @@ def _train(cfg, rt, lab, corpus, raw_model, vocab_size, say):
             if rt.main:
                 log.write(step=step, lr=lr, train_loss=train_loss, val_loss=val_loss, grad_norm=float(norm),
                           tokens_per_s=tok_s, mfu=util, elapsed_s=now - start)
-                text = f"loss {train_loss:.3f}" + (f", val {val_loss:.3f}" if val_loss is not None else "") + \
-                       (f", {tok_s:,.0f} tok/s" if tok_s else "") + (f", MFU {util:.1%}" if util else "")
+                # each part a message of its own, so that the line reads in the learner's language
+                parts = [translate(f"train loss {train_loss:.3f}")] + \
+                    ([translate(f"val loss {val_loss:.3f}")] if val_loss is not None else []) + \
+                    ([translate(f"{tok_s:,.0f} tokens per second")] if tok_s else []) + \
+                    ([f"MFU {util:.1%}"] if util else [])
+                text = ("，" if language() == "zh" else ", ").join(parts)
                 if bar:
                     bar.set_postfix_str(text)
                 elif step % (cfg.print_interval or cfg.log_interval) == 0 or final:
                     if deadline is not None:
-                        where = f"step {step:>5} ({now - start:2.0f} of {cfg.time_budget:.0f} s)"
+                        where = translate(f"step {step:>5} ({now - start:2.0f} of {cfg.time_budget:.0f} s)")
                     else:
-                        where = f"step {step:>5}/{min(last_step, max_steps)}"
+                        where = translate(f"step {step:>5} of {min(last_step, max_steps)}")
                     say(f"{where}  lr {lr:.2e}  {text}", flush=True)
             if evaluate_now and not final:
                 save_checkpoint(out / "ckpt.pt", step, raw_model, opt, scaler, sampler, cfg, rt, corpus.chars)
