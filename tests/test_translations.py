@@ -63,6 +63,12 @@ def test_fidelity_checks_catch_each_kind_of_drift(zh, complaint):
         assert any(complaint in p for p in problems), problems
 
 
+def test_a_citation_in_chinese_says_dengren():
+    en = "The original Transformer (Vaswani et al., 2017) used $\\alpha = 0.6$."
+    assert i18n_fidelity.problems(en, "原始 Transformer（Vaswani 等人，2017）使用 $\\alpha = 0.6$。") == []
+    assert any("等人" in p for p in i18n_fidelity.problems(en, "原始 Transformer（Vaswani et al., 2017）使用 $\\alpha = 0.6$。"))
+
+
 def test_glossary_terms_are_checked_longest_first_and_can_be_waived():
     en = "Self-attention adds a rotary position embedding to each query and the keys."
     assert i18n_fidelity.problems(en, "自注意力给每个查询和所有键加上旋转位置编码。", glossary=GLOSSARY) == []

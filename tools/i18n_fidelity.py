@@ -147,6 +147,8 @@ def problems(en, zh, entry=None, glossary=None):
     out += _differ("numbers", _numbers(_EN_NUMBER, en_text), _numbers(_ZH_NUMBER, zh_text))
     if _structure(en) != _structure(zh):
         out.append(f"Markdown structure differs (English {_structure(en)}, Chinese {_structure(zh)})")
+    if _CJK.search(zh_text) and re.search(r"\bet al\b", zh_text):
+        out.append("a citation's 'et al.' in Chinese is 等人 (Vaswani 等人，2017)")
     if len(re.findall(r"[A-Za-z]{2,}", en_text)) >= 4 and not _CJK.search(zh_text):
         out.append("not written in Chinese")
     if "\n" in zh.strip() and not zh.lstrip().startswith("|") and not _structure(zh)[0] \
