@@ -69,6 +69,14 @@ def test_a_citation_in_chinese_says_dengren():
     assert any("等人" in p for p in i18n_fidelity.problems(en, "原始 Transformer（Vaswani et al., 2017）使用 $\\alpha = 0.6$。"))
 
 
+def test_a_glossary_name_with_capitals_is_written_as_the_glossary_writes_it():
+    glossary = i18n_fidelity.load_glossary()
+    en = "Chapter 03's flash attention never stores the weights."
+    assert i18n_fidelity.problems(en, "第 03 章的 FlashAttention 从不保存权重。", glossary=glossary) == []
+    assert any("FlashAttention" in p for p in
+               i18n_fidelity.problems(en, "第 03 章的 flash attention 从不保存权重。", glossary=glossary))
+
+
 def test_glossary_terms_are_checked_longest_first_and_can_be_waived():
     en = "Self-attention adds a rotary position embedding to each query and the keys."
     assert i18n_fidelity.problems(en, "自注意力给每个查询和所有键加上旋转位置编码。", glossary=GLOSSARY) == []

@@ -156,7 +156,8 @@ def problems(en, zh, entry=None, glossary=None):
         out.append("a line break between Chinese characters (it shows as a space): join the lines")
     if glossary:
         skip = waived(entry) if entry is not None else set()
-        flat = re.sub(r"\s+", "", zh_text + " " + " ".join(zh_code)).lower()
+        exact = re.sub(r"\s+", "", zh_text + " " + " ".join(zh_code))
+        flat = exact.lower()
         # Longest terms first, and a matched term hides its words from shorter ones: "rotary position
         # embedding" (旋转位置编码) does not also ask for "position embedding" (位置嵌入).
         for english, pattern, forms in sorted(glossary, key=lambda g: -len(g[0])):
@@ -165,7 +166,8 @@ def problems(en, zh, entry=None, glossary=None):
             en_text = pattern.sub(lambda m: "#" * len(m.group()), en_text)
             if english.lower() in skip:
                 continue
-            if not any(f.lower() in flat for f in forms):
+            # a form with capitals is a name, written as the glossary writes it (FlashAttention, not flash attention)
+            if not any((f in exact) if f != f.lower() else (f in flat) for f in forms):
                 out.append(f"glossary term {english!r} is not translated as {' / '.join(forms)!r} "
                            f"(or mark it `# {WAIVER} {english}`)")
     return out
