@@ -101,7 +101,8 @@ def load_glossary(path=ROOT / "glossary.md"):
         if not line.startswith("|") or re.match(r"^\|[\s:|-]+\|$", line):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
-        if len(cells) < 2 or cells[0] in ("English", "#") or not _CJK.search(cells[1]):
+        # a Chinese cell is Chinese, or a name kept in Latin letters (FlashAttention)
+        if len(cells) < 2 or cells[0] in ("English", "#") or not (_CJK.search(cells[1]) or re.fullmatch(r"[A-Z]\w*", cells[1])):
             continue
         english = re.sub(r"\$[^$]*\$", "", re.sub(r"\([^)]*\)", "", cells[0])).strip()
         if "/" in english or not english or english.startswith("*"):   # *italic*: also an everyday word
