@@ -523,8 +523,10 @@ def check_greedy_decode(fn):
         never = call(fn, decode, tensor(c["memory_never"]), torch.tensor(c["mask_never"]), c["bos"], c["eos"],
                      c["max_len"], what="greedy_decode on a sequence that never produces eos")
         if not same(never, torch.tensor(c["output_never"])):
-            short = f" ({never.shape[-1]} tokens: one step short)" if never.shape[-1] == c["max_len"] - 1 else ""
-            fail(f"a sequence that never produces eos must stop after max_len = {c['max_len']} tokens{short}; expected "
+            if never.shape[-1] == c["max_len"] - 1:          # a message of its own, so that it translates whole
+                fail(f"a sequence that never produces eos must stop after max_len = {c['max_len']} tokens; yours stops "
+                     f"after {never.shape[-1]}, one step short: expected {c['output_never']}, got {never.tolist()}")
+            fail(f"a sequence that never produces eos must stop after max_len = {c['max_len']} tokens; expected "
                  f"{c['output_never']}, got {never.tolist()}")
         ok("greedy decoding: the whole prefix each step, eos included, pad after it, stops when all are done")
         return
