@@ -101,7 +101,8 @@ def main(argv=None, prog=None):
         points["pass"] += pts if state == "pass" else 0
         said = {"pass": translate("passes its visible checks"), "fail": translate("fails a visible check"),
                 "not done": translate("not done yet")}[state]
-        print(f"{symbol[state]} {gid:<{width}}  {pts:g} pt  {said}" + (f": {message}" if message else ""))
+        padded = gid.ljust(width)
+        print(translate(f"{symbol[state]} {padded}  {pts:g} pt  {said}") + (f": {message}" if message else ""))
     print("\n" + translate(f"visible checks pass for {points['pass']:g} of {points['total']:g} points. The hidden "
                            "tests (run when your notebook is graded) try many more shapes, dtypes and seeds."))
     if hidden_left_out:

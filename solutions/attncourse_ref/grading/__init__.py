@@ -144,7 +144,9 @@ def module_case(module, init, args, kwargs=None, *, describe="", tol=None, train
     with torch.no_grad():
         expected = _flatten(module(*args, **kwargs))
     module.eval()
-    text = describe or f"{type(module).__name__}({', '.join(f'{k}={v}' for k, v in init.items())}) on " + _describe_call(args, kwargs)
+    # one template, no braces inside a placeholder: the client can then translate the description whole
+    sizes = ", ".join(f"{k}={v}" for k, v in init.items())
+    text = describe or f"{type(module).__name__}({sizes}) on {_describe_call(args, kwargs)}"
     return Case(call, arrays, expected, text, tol or {})
 
 
@@ -263,8 +265,8 @@ def ranks_case(fn, per_rank_args, *, describe="", tol=None):
             "ranks": [[_encode(a, arrays, f"r{r}.arg{i}") for i, a in enumerate(args)]
                       for r, args in enumerate(per_rank_args)]}
     expected = _flatten(run_ranks(fn, per_rank_args, processes=False))
-    text = describe or f"on {len(per_rank_args)} ranks: " + ", ".join(
-        f"rank {r} {_describe_call(args, {})}" for r, args in enumerate(per_rank_args))
+    each = ", ".join(f"rank {r} {_describe_call(args, {})}" for r, args in enumerate(per_rank_args))
+    text = describe or f"on {len(per_rank_args)} ranks: {each}"
     return Case(call, arrays, expected, text, tol or {})
 
 

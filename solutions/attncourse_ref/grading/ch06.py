@@ -259,8 +259,9 @@ def gpt(rng):
         ours = ref.load_gpt2_weights(ref.GPT(**init).to(dtype), hf.state_dict())
         b, t = int(rng.integers(1, 4)), int(rng.integers(1, init["block_size"] + 1))
         idx = torch.from_numpy(rng.integers(0, init["vocab_size"], size=(b, t)))
-        case = module_case(ours, init, [idx], describe=f"GPT({', '.join(f'{k}={v}' for k, v in init.items())}) "
-                           f"with a random GPT-2's weights on idx {[b, t]} {str(dtype)[6:]}, against GPT2LMHeadModel")
+        sizes = ", ".join(f"{k}={v}" for k, v in init.items())
+        case = module_case(ours, init, [idx], describe=f"GPT({sizes}) with a random GPT-2's weights on idx {[b, t]} "
+                           f"{str(dtype)[6:]}, against GPT2LMHeadModel")
         with torch.no_grad():
             case.expected = [hf(idx).logits.numpy()]
         cases.append(case)

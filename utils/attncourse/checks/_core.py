@@ -39,7 +39,10 @@ def tensor(values, dtype=torch.float64):
 
 def require_callable(obj, name, kind="function"):
     if isinstance(obj, torch.Tensor) or not callable(obj):
-        fail(f"pass your {kind} {name} itself (e.g. check({name})), not {type(obj).__name__}")
+        # one message per kind, so that each translates whole (a word formatted in would stay English)
+        if kind == "class":
+            fail(f"pass your class {name} itself (e.g. check({name})), not {type(obj).__name__}")
+        fail(f"pass your function {name} itself (e.g. check({name})), not {type(obj).__name__}")
 
 
 def call(fn, *args, what, **kwargs):

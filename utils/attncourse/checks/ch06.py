@@ -26,7 +26,8 @@ def _expect_ids(ids, what):
     if isinstance(ids, torch.Tensor) or not isinstance(ids, list):
         fail(f"{what} should return a list of ints (a Python list), got {type(ids).__name__}")
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        fail(f"{what} should return a list of Python ints; found {sorted({type(i).__name__ for i in ids})}")
+        found = sorted({type(i).__name__ for i in ids})      # a placeholder without braces inside translates
+        fail(f"{what} should return a list of Python ints; found {found}")
     return ids
 
 
@@ -76,10 +77,12 @@ def check_char_decode(fn):
     c = _data()["tokenizers"]
     vocab, known = c["vocab"], "hello"
     ids = [vocab.index(ch) for ch in known]
-    for given, what in [(ids, "a list"), (torch.tensor(ids), "a tensor")]:
-        text = _expect_str(call(fn, given, vocab, what=f"char_decode({what} of ids, vocab)"), "char_decode")
+    for given in (ids, torch.tensor(ids)):
+        # the argument shown as code (a list or a tensor), so that no English word is formatted into a message
+        shown = repr(given) if isinstance(given, list) else f"torch.tensor({ids})"
+        text = _expect_str(call(fn, given, vocab, what=f"char_decode({shown}, vocab)"), "char_decode")
         if text != known:
-            fail(f"char_decode({what} {ids}) should be {known!r}, got {text!r}")
+            fail(f"char_decode({shown}) should be {known!r}, got {text!r}")
     text = _expect_str(call(fn, [ids[0], len(vocab), ids[1]], vocab, what="char_decode with the unknown id"),
                        "char_decode")
     if text != "h\ufffde":
@@ -388,10 +391,12 @@ def _check_parameters(cls, c):
         missing = sorted(set(wanted) - set(mine))
         extra = sorted(set(mine) - set(wanted))
         wrong = sorted(n for n in set(mine) & set(wanted) if mine[n] != wanted[n])
-        parts = ([f"missing {', '.join(f'{n} {wanted[n]}' for n in missing)}"] if missing else []) + \
-                ([f"unexpected {', '.join(f'{n} {mine[n]}' for n in extra)}"] if extra else []) + \
-                ([f"wrong shape {', '.join(f'{n} is {mine[n]}, expected {wanted[n]}' for n in wrong)}"] if wrong else [])
-        fail("GPT's parameters must carry GPT-2's names and shapes: " + "; ".join(parts))
+        # names and shapes only (no English words) inside one message, so that it translates whole
+        missing = ", ".join(f"{n} {wanted[n]}" for n in missing) or "-"
+        extra = ", ".join(f"{n} {mine[n]}" for n in extra) or "-"
+        wrong = ", ".join(f"{n} {mine[n]} -> {wanted[n]}" for n in wrong) or "-"
+        fail(f"GPT's parameters must carry GPT-2's names and shapes; missing: {missing}; unexpected: {extra}; "
+             f"wrong shape (yours -> GPT-2's): {wrong}")
     if getattr(model, "block_size", None) != c["init"]["block_size"]:
         fail("store the context length as self.block_size (generation uses it)")
 

@@ -282,8 +282,8 @@ def compare_window_masks(fn, H=8, W=8, M=4, shift=2):
     key = f"{H},{W},{M},{shift}"
     stored = _data()["mask"]["masks"]
     if key not in stored:
-        raise ValueError(f"no stored mask for (H, W, M, shift) = ({H}, {W}, {M}, {shift}); stored: "
-                         + ", ".join(f"({k.replace(',', ', ')})" for k in stored))
+        known = ", ".join(f"({k.replace(',', ', ')})" for k in stored)
+        raise ValueError(f"no stored mask for (H, W, M, shift) = ({H}, {W}, {M}, {shift}); stored: {known}")
     expected = tensor(stored[key], torch.float32)
     try:
         mine = fn(H, W, M, shift)
