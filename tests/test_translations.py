@@ -274,3 +274,18 @@ def test_validate_speaks_the_notebooks_language(tmp_path):
     assert lines["test_causal_mask"].startswith("\u2717") and re.search(r"[\u4e00-\u9fff]{4}", lines["test_causal_mask"])
     assert wrong.says not in lines["test_causal_mask"], lines["test_causal_mask"]
     assert "可见检查" in res.stdout, res.stdout
+
+
+def test_no_message_template_has_braces_inside_a_placeholder():
+    """A placeholder such as {sorted({...})} cannot be matched (i18n.PLACEHOLDER stops at the inner brace), so the
+    message would reach a Chinese learner in English: the code computes such a value first and names it."""
+    import polib
+    nested = []
+    for entry in polib.pofile(str(nbtools.ROOT / "utils/attncourse/locale/zh/LC_MESSAGES/attncourse.po")):
+        depth = 0
+        for ch in entry.msgid.replace("{{", "").replace("}}", ""):
+            depth += (ch == "{") - (ch == "}")
+            if depth > 1:
+                nested.append(f"{entry.occurrences[:1]}: {entry.msgid[:80]}")
+                break
+    assert not nested, "\n".join(nested)

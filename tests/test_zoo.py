@@ -69,6 +69,42 @@ def test_visible_check_names_the_mistake(chapter, variant):
     assert chinese == translate(english, "zh"), (english, chinese)
     assert chinese != english and re.search(r"[\u4e00-\u9fff]", chinese), \
         f"no Chinese for this message (make translations, then translate utils/attncourse/locale): {english}"
+    assert not english_left_in(chinese), f"English left in the Chinese message: {english_left_in(chinese)}: {chinese}"
+
+
+# What may stay in Latin letters inside a Chinese message: names, and the glossary's terms kept in English.
+NAMES = {"hugging face", "python", "pytorch", "log-sum-exp", "rotate half", "fairseq", "nat", "nats"}
+
+
+def english_left_in(chinese):
+    """Runs of two or more English words in ``chinese`` outside code, values and names: what a Chinese learner
+    would read in English.  Left out: `code`, quoted strings, anything in brackets or parentheses (calls,
+    shapes, lists; none with Chinese inside), PyTorch's own exception text (after 'Error:'), names and the glossary's English terms."""
+    from i18n_fidelity import load_glossary
+    text = re.sub(r"(?s)\b\w*(Error|Exception)[:：].*?(?=[。；]|$)", " ", chinese)     # PyTorch's own words
+    text = re.sub(r"`[^`]*`|'[^']*'|\"[^\"]*\"", " ", text)
+    for _ in range(3):                                                              # nested brackets
+        text = re.sub(r"\([^()（）\u4e00-\u9fff]*\)|\[[^\[\]\u4e00-\u9fff]*\]", " ", text)   # code, not prose
+    text = re.sub(r"\S*[_.=<>/+*]\S*", " ", text)                                # code-ish tokens
+    for term in sorted({e.lower() for e, _, _ in load_glossary()} | NAMES, key=len, reverse=True):
+        text = re.sub(r"(?i)(?<![A-Za-z])" + re.escape(term) + r"s?(?![A-Za-z])", " ", text)
+    # formulas keep their names (mean, eps, sin a cos b) in Latin letters: a phrase needs English's small words
+    runs = [run for run in re.findall(r"[A-Za-z]{2,}(?:[ ,-]+[A-Za-z]{2,})+", text)
+            if set(run.lower().replace(",", " ").split()) & SMALL_WORDS]
+    return runs + re.findall(r"(?<![A-Za-z])(?:function|class)(?![A-Za-z])", text)    # a kind formatted in
+
+
+SMALL_WORDS = {"the", "an", "of", "to", "is", "are", "in", "on", "with", "for", "and", "not", "be", "must", "should",
+               "your", "by", "at", "from", "as", "this", "that", "it", "its", "than", "got", "expected", "instead",
+               "function", "class", "tokens", "step", "short", "list", "random", "weights", "idx"}
+
+
+def test_english_left_in_a_chinese_message_is_found():
+    garbled = "始终不生成 eos 的序列必须在 max_len = 9 tokens (8 个词元后停止: one step short)；期望 [[2, 4]]"
+    assert english_left_in("请传入你的 function softmax 本身") == ["function"]
+    assert english_left_in("用例 1 GPT(vocab_size=11) with a random GPT-2's weights on idx [2, 3]") != []
+    assert "one step short" in english_left_in(garbled)
+    assert english_left_in("抛出了 RuntimeError: The size of tensor a (3) must match。请转置 `k.transpose(-2, -1)`") == []
 
 
 def test_every_graded_component_has_a_zoo(chapter):

@@ -265,7 +265,7 @@ def ranks_case(fn, per_rank_args, *, describe="", tol=None):
             "ranks": [[_encode(a, arrays, f"r{r}.arg{i}") for i, a in enumerate(args)]
                       for r, args in enumerate(per_rank_args)]}
     expected = _flatten(run_ranks(fn, per_rank_args, processes=False))
-    each = ", ".join(f"rank {r} {_describe_call(args, {})}" for r, args in enumerate(per_rank_args))
+    each = ", ".join(f"rank {r} " + _describe_call(args, {}) for r, args in enumerate(per_rank_args))
     text = describe or f"on {len(per_rank_args)} ranks: {each}"
     return Case(call, arrays, expected, text, tol or {})
 

@@ -137,7 +137,8 @@ def load_weights(module, state, what):
 def build_module(cls, init, name, state):
     """Build a learner's module from ``init``, load the stored weights, in float64 and eval mode."""
     require_callable(cls, name, kind="class")
-    module = call(cls, **init, what=f"{name}({', '.join(f'{k}={v}' for k, v in init.items())})")
+    sizes = ", ".join(f"{k}={v}" for k, v in init.items())
+    module = call(cls, **init, what=f"{name}({sizes})")
     if not isinstance(module, torch.nn.Module):
         fail(f"{name}(...) should build a torch.nn.Module")
     module = module.double()

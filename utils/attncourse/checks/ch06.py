@@ -373,7 +373,8 @@ def check_block(cls):
 def _check_parameters(cls, c):
     """Build the learner's GPT and compare its parameters with GPT-2's names and shapes."""
     require_callable(cls, "GPT", kind="class")
-    model = call(cls, **c["init"], what=f"GPT({', '.join(f'{k}={v}' for k, v in c['init'].items())})")
+    sizes = ", ".join(f"{k}={v}" for k, v in c["init"].items())
+    model = call(cls, **c["init"], what=f"GPT({sizes})")
     if not isinstance(model, torch.nn.Module):
         fail("GPT(...) should build a torch.nn.Module")
     mine = {name: list(p.shape) for name, p in model.state_dict().items()}
