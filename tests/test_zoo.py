@@ -5,6 +5,7 @@ import io
 import re
 
 import pytest
+import torch
 
 import nbtools
 from attncourse.autograde import run_hidden_test
@@ -112,3 +113,42 @@ def test_every_graded_component_has_a_zoo(chapter):
     covered = {v.cell for v in zoo(chapter)}
     missing = [gid for gid, tests in cells_tested(nb).items() if tests and gid not in covered]   # paste cells have no tests
     assert not missing, f"solution cells without known-wrong variants: {missing}"
+
+
+class _ModuleReturningNone(torch.nn.Module):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    def forward(self, *args, **kwargs):
+        return None
+
+
+# Wrong kinds of code a struggling learner hands a check, beyond the zoo's plausible mistakes.
+PROBES = {"not callable": 42, "returns None": lambda *a, **k: None, "raises": lambda *a, **k: 1 / 0,
+          "returns a string": lambda *a, **k: "x", "a module returning None": _ModuleReturningNone}
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_check_answers_wrong_kinds_of_code_in_chinese(chapter):
+    """Every visible check, handed each probe in a Chinese notebook, fails with a message (not a traceback)
+    written in Chinese, with no English left in it."""
+    import inspect
+    checks = importlib.import_module(f"attncourse.checks.{chapter}")
+    wrong = []
+    for name, check in inspect.getmembers(checks, inspect.isfunction):
+        if not name.startswith("check_") or check.__module__ != checks.__name__:
+            continue
+        for probe, code in PROBES.items():
+            set_language("zh")
+            try:
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    check(code)
+            except CheckFailed as exc:
+                said = str(exc)
+                if not re.search(r"[\u4e00-\u9fff]", said) or english_left_in(said):
+                    wrong.append(f"{name}, {probe}: {english_left_in(said)}: {said[:200]}")
+            except Exception as exc:                                     # noqa: BLE001 - a traceback is the bug
+                wrong.append(f"{name}, {probe}: {type(exc).__name__}: {exc}")
+            finally:
+                set_language("en")
+    assert not wrong, "\n".join(wrong)

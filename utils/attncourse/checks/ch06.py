@@ -517,6 +517,8 @@ def check_load_gpt2_weights(fn):
     except KeyError as exc:
         fail(f"load_gpt2_weights looked up a key GPT-2's state dict lacks: {exc}. GPT-2 names our parameter "
              "`name` 'transformer.' + name")
+    except Exception as exc:            # any other crash of the learner's code: a message, not a traceback
+        fail(f"load_gpt2_weights raised {type(exc).__name__}: {exc}")
     wanted = c["state"]
     for name, p in sorted(target.named_parameters()):
         exp = tensor(wanted[name])

@@ -507,7 +507,7 @@ def check_adamw(cls):
     """Check the class AdamW on 4 parameters in 2 groups for 5 steps (learning rate changed before each, one
     parameter without a gradient at step 1) against stored values, float64 and float32, without PyTorch's Adam."""
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
-        fail(f"pass your class AdamW itself (a subclass of torch.optim.Optimizer), not {type(cls).__name__}")
+        fail(f"pass your class AdamW itself (a subclass of torch.optim.Optimizer), not {type(cls).__name__!r}")
     c = _data()["adamw"]
     n = len(c["steps"][0]["grads"])
     what = f"AdamW on {n} parameters in 2 groups for {len(c['steps'])} steps"
@@ -561,7 +561,7 @@ def check_training_memory(fn):
         out = call(fn, cfg["n_params"], cfg["n_layer"], cfg["n_embd"], cfg["n_head"], cfg["batch"], cfg["seq_len"],
                    what=what, **flags)
         if not isinstance(out, dict) or set(out) != set(_MEMORY_KEYS):
-            fail(f"{what} should return a dict with the keys {', '.join(_MEMORY_KEYS)}, got "
+            fail(f"{what} should return a dict with the keys {list(_MEMORY_KEYS)}, got "
                  f"{sorted(out) if isinstance(out, dict) else type(out).__name__}")
         for key in _MEMORY_KEYS:
             if not isinstance(out[key], int) or isinstance(out[key], bool):
