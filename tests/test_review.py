@@ -65,3 +65,42 @@ def test_a_solution_cell_holds_its_own_tests_and_an_added_cell_every_later_test(
     assert review.held_cells(nb, [(2, "b", 1, "", "")]) == {"test_b1", "test_b2"}
     assert review.held_cells(nb, [(5, "cell 5", 1, "", "")]) == {"test_c"}
     assert review.held_cells(nb, [(0, "a", 1, "", "")]) == {"test_a"}
+
+
+def test_points_are_held_released_and_let_go_by_a_regrade(tmp_path, monkeypatch):
+    """Through a real nbgrader gradebook: a submission that reaches for the machinery has its exercise's points
+    held (manual score 0), the instructor's release lets the automatic score stand, and a regrade of a clean
+    submission lets go of what an earlier run held."""
+    import nbformat
+    from nbgrader.api import Gradebook
+    monkeypatch.delenv("NBGRADER_DB_URL", raising=False)
+    name = nbtools.chapter_notebook("ch02").stem
+
+    def notebook(solution):
+        nb = nbformat.v4.new_notebook()
+        sol, test = nbformat.v4.new_code_cell(solution), nbformat.v4.new_code_cell("check(sdpa)")
+        sol.metadata["nbgrader"] = {"grade_id": "sdpa", "solution": True, "grade": False, "locked": False}
+        test.metadata["nbgrader"] = {"grade_id": "test_sdpa", "solution": False, "grade": True, "locked": True,
+                                     "points": 2}
+        nb.cells = [sol, test]
+        return nb
+    with Gradebook(nbtools.gradebook_url(tmp_path)) as gb:
+        gb.add_assignment("ch02")
+        gb.add_notebook(name, "ch02")
+        gb.add_grade_cell("test_sdpa", name, "ch02", max_score=2, cell_type="code")
+        gb.add_student("alice")
+        gb.add_submission("ch02", "alice")
+        gb.find_grade("test_sdpa", name, "ch02", "alice").auto_score = 2
+        gb.db.commit()
+
+    def score():
+        with Gradebook(nbtools.gradebook_url(tmp_path)) as gb:
+            return gb.find_grade("test_sdpa", name, "ch02", "alice").score
+    release_nb = notebook("raise NotImplementedError()")
+    hits, held = review.hold("ch02", tmp_path, "alice", notebook(MACHINERY["torch's private switches"]), release_nb)
+    assert held == {"test_sdpa"} and hits and score() == 0
+    assert review.release("ch02", tmp_path, "alice") == ["test_sdpa"] and score() == 2
+    review.hold("ch02", tmp_path, "alice", notebook(MACHINERY["a computed name"]), release_nb)
+    assert score() == 0
+    hits, held = review.hold("ch02", tmp_path, "alice", notebook("def sdpa(q, k, v):\n    return q\n"), release_nb)
+    assert not hits and not held and score() == 2

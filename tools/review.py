@@ -179,11 +179,13 @@ def hold(chapter, root, student, submission, release_nb):
     hits = findings(submission, release_nb)
     held = held_cells(submission, hits)
     name = nbtools.chapter_notebook(chapter).stem
-    if held:
+    # A regrade starts afresh: what an earlier run held (and nothing an instructor graded by hand) is let go first.
+    before = {c for r in rows(root, chapter) if r["student"] == student and r["state"] == "held" for c in r["held"].split()}
+    if held or before:
         with Gradebook(nbtools.gradebook_url(root)) as gb:
-            for cell in held:
+            for cell in before | held:
                 try:
-                    gb.find_grade(cell, name, chapter, student).manual_score = 0
+                    gb.find_grade(cell, name, chapter, student).manual_score = 0 if cell in held else None
                 except MissingEntry:
                     pass
             gb.db.commit()
