@@ -444,17 +444,15 @@ def _allow_listed():
 
 
 def _reference_for(test_id):
-    """The reference object the chapter's solution cell for ``test_id`` names (a class for a method)."""
-    import importlib
+    """The reference the solution cell tested by ``test_id`` names (its class, for a method)."""
     import fakeclass
     import nbtools
+    from test_zoo import reference_target
     chapter, name = test_id.split(".")
-    nb = nbtools.read(nbtools.chapter_notebook(chapter))
-    solution = next(s for s, tests in fakeclass.cells_tested(nb).items() if f"test_{name}" in tests)
-    cell = next(c for c in nb.cells if nbtools.grade_info(c).get("grade_id") == solution)
-    ref = nbtools.reference_object(cell.source.split(nbtools.BEGIN, 1)[1])
-    owner = ref.__qualname__.rpartition(".")[0]
-    return getattr(importlib.import_module(ref.__module__), owner) if owner else ref
+    solution = next(s for s, tests in fakeclass.cells_tested(nbtools.read(nbtools.chapter_notebook(chapter))).items()
+                    if f"test_{name}" in tests)
+    target, cls = reference_target(chapter, solution)
+    return cls or target
 
 
 @pytest.mark.parametrize("test_id", _allow_listed())

@@ -1,5 +1,6 @@
 """The mistake zoo against the hidden tests and the visible checks, for every chapter."""
 import contextlib
+import functools
 import importlib
 import io
 import re
@@ -21,16 +22,21 @@ def _zoo_params():
             yield pytest.param(ch, v, id=f"{ch}-{v.name}")
 
 
+def reference_target(chapter, cell):
+    """(the reference function or method the solution cell ``cell`` delegates to, its class or None)."""
+    nb = nbtools.read(nbtools.chapter_notebook(chapter))
+    source = next(c.source for c in nb.cells if nbtools.grade_info(c).get("grade_id") == cell)
+    target = nbtools.reference_object(source.split(nbtools.BEGIN, 1)[1])
+    owner = target.__qualname__.rpartition(".")[0]
+    return target, (getattr(importlib.import_module(target.__module__), owner) if owner else None)
+
+
 def candidate_for(chapter, variant):
     """The variant as the hidden tests see it: a function, or the reference class with one method replaced."""
-    nb = nbtools.read(nbtools.chapter_notebook(chapter))
-    cell = next(c for c in nb.cells if nbtools.grade_info(c).get("grade_id") == variant.cell)
-    target = nbtools.reference_object(cell.source.split(nbtools.BEGIN, 1)[1])
-    owner, _, method = target.__qualname__.rpartition(".")
-    if not owner:
+    target, cls = reference_target(chapter, variant.cell)
+    if cls is None:
         return variant.impl
-    cls = getattr(importlib.import_module(target.__module__), owner)
-    return type(cls.__name__, (cls,), {method: variant.impl})
+    return type(cls.__name__, (cls,), {target.__name__: variant.impl})
 
 
 @pytest.mark.parametrize("chapter, variant", list(_zoo_params()))
@@ -77,17 +83,23 @@ def test_visible_check_names_the_mistake(chapter, variant):
 NAMES = {"hugging face", "python", "pytorch", "log-sum-exp", "rotate half", "fairseq", "nat", "nats"}
 
 
+@functools.lru_cache(maxsize=1)
+def _latin_terms():
+    """Names and the glossary's English terms, longest first."""
+    from i18n_fidelity import load_glossary
+    return sorted({e.lower() for e, _, _ in load_glossary()} | NAMES, key=len, reverse=True)
+
+
 def english_left_in(chinese):
     """Runs of two or more English words in ``chinese`` outside code, values and names: what a Chinese learner
     would read in English.  Left out: `code`, quoted strings, anything in brackets or parentheses (calls,
     shapes, lists; none with Chinese inside), PyTorch's own exception text (after 'Error:'), names and the glossary's English terms."""
-    from i18n_fidelity import load_glossary
     text = re.sub(r"(?s)\b\w*(Error|Exception)[:：].*?(?=[。；]|$)", " ", chinese)     # PyTorch's own words
     text = re.sub(r"`[^`]*`|'[^']*'|\"[^\"]*\"", " ", text)
     for _ in range(3):                                                              # nested brackets
         text = re.sub(r"\([^()（）\u4e00-\u9fff]*\)|\[[^\[\]\u4e00-\u9fff]*\]", " ", text)   # code, not prose
     text = re.sub(r"\S*[_.=<>/+*]\S*", " ", text)                                # code-ish tokens
-    for term in sorted({e.lower() for e, _, _ in load_glossary()} | NAMES, key=len, reverse=True):
+    for term in _latin_terms():
         text = re.sub(r"(?i)(?<![A-Za-z])" + re.escape(term) + r"s?(?![A-Za-z])", " ", text)
     # formulas keep their names (mean, eps, sin a cos b) in Latin letters: a phrase needs English's small words
     runs = [run for run in re.findall(r"[A-Za-z]{2,}(?:[ ,-]+[A-Za-z]{2,})+", text)
