@@ -137,7 +137,12 @@ def _server_with_salt(value):
 # Mistakes of the exercises added last whose hidden tests were built so that most of their cases catch them
 # (issue 33): each must fail more than half of its test's cases under every salt tried.
 MOST_CASES = {
-    "ch05": {"label smoothing with log(softmax(x)) (underflows on large logits)"},
+    "ch05": {"label smoothing with log(softmax(x)) (underflows on large logits)",
+             "beam search breaking ties by token id before hypothesis",
+             "beam search where the later of two equal finished hypotheses wins",
+             "beam search stopping early against lp(t), not lp(max_len)",
+             "beam search where a finished hypothesis keeps its slot",
+             "beam search refilled from the top 2 beam_size (fairseq, Hugging Face)"},
     "ch06": {"attention dropout applied in evaluation mode too", "random replacements drawn from 1 .. V - 1 (id 0 never)"},
     "ch08": {"loads counted by bincount without minlength (an idle last expert)",
              "mean load by integer division (T * k // E)", "bias update that keeps autograd history",

@@ -389,20 +389,15 @@ def _first_finished(decode, memory, mask, bos, eos, max_len, beam):
 # cases, float64 in half of them.
 BEAM_SIZES, ALPHAS = (1, 2, 3, 5), (0.0, 0.6, 1.0)
 BEAM_ROWS = 8           # rows drawn per problem, of which a case keeps 1 to 3 (rows are searched independently)
-# Settings (by index) whose case must also catch a mistake the zoo and the text name, under any salt: ties
-# broken by token id before hypothesis, and the early stop bounded with lp(t) (both need ties or alpha > 0).
-BEAM_EXTRA = {5: ("token_first",), 9: ("token_first", "stop_lp_t"), 13: ("stop_lp_t",)}
 BEAM_TRIES = 1000       # problems drawn per setting at most: a salt's hardest setting took 36 draws on average and
                         # 129 at most over 80 salts; 1,000 leaves a chance of about 1e-12 of running out
 
 
-def _beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties, extra=()):
+def _beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties):
     """Per row of a drawn problem: its answer's length, and which of the properties a case needs it shows:
     "greedy" (greedy decoding finds another answer), "first" (the first hypothesis to finish is not the
     answer: the search must go on), "ranked" (ranking each hypothesis' candidates apart, the top_per_beam
-    mistake, gives another answer), "ties" (the tie-breaking rule decides the answer) and those of ``extra``,
-    mistakes of _plain_beam that give another answer ("token_first": ties by token id first; "stop_lp_t": the
-    early stop bounded with lp(t) instead of lp(max_len))."""
+    mistake, gives another answer) and "ties" (the tie-breaking rule decides the answer)."""
     decode = score_table(table)
     tokens, _ = ref.beam_search(decode, memory, mask, bos, eos, max_len, beam, alpha, pad=-1)
     answers = [[v for v in row if v >= 0] for row in tokens.tolist()]
@@ -423,12 +418,6 @@ def _beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties, extra=
         for row, decides in zip(rows, _ties_decide(table, memory, mask, bos, eos, max_len, beam, alpha, answers)):
             if decides:
                 row["shows"].add("ties")
-    for mistake in extra:
-        for b, row in enumerate(rows):
-            row_mask = None if mask is None else mask[b:b + 1]
-            if _plain_beam(decode, memory[b:b + 1], row_mask, bos, eos, max_len, beam, alpha, mistake)[0][0].tolist() \
-                    != answers[b]:
-                row["shows"].add(mistake)
     return rows
 
 
@@ -492,43 +481,166 @@ def _planted_beam(rng, kind, dtype):
     return table, args
 
 
+# Planted rows: a row of a beam search case on tokens of its own, built so that one mistake of the text changes
+# its answer under any (beam_size > 1, alpha) of the hidden test.  Random rows almost never let a freed slot, the
+# early stop's bound or the order of exactly equal candidates decide; these rows are built so that it does, and
+# every case wider than greedy carries them, so that each such mistake fails most cases under any salt.
+PLANT_LOW = -1e4        # a logit whose probability underflows to exactly 0 in float32 and float64
+PLANT_FILLERS = 8       # weak tokens shared by every planted row: they lead only to each other, thinly
+PLANT_EOS = 0.002       # eos after a planted token that does not plant it
+KINDS_ANY_ALPHA = ("token_first", "last_of_equal")          # exact ties decide: any alpha
+KINDS_WITH_PENALTY = ("keep_finished", "refill", "stop_lp_t")   # with alpha = 0 these give the exercise's answer
+
+
+def _row_design(rng, kind, beam, alpha):
+    """One planted row on named tokens: (first, rows), the first token's probabilities and, per (step, previous
+    token), the next token's; "eos" is the problem's eos, every other mass goes to the fillers.  Token ids are
+    drawn later, except that "Hi" < "Hj" and "v1" < "v2" (the tie rows need the order)."""
+    lp = lambda n: ((5 + n) / 6) ** alpha                  # noqa: E731
+    jit = lambda: float(rng.uniform(-0.004, 0.004))        # noqa: E731
+    decoys = lambda name, total, n: {f"{name}{i}": total / n + 0.004 * (i - (n - 1) / 2) for i in range(n)}  # noqa: E731
+    if kind == "keep_finished":
+        # A = [eos] outranks [B, xk], the k-th best extension of B, so a beam where A keeps a slot drops it;
+        # [B, xk, eos] wins once its length penalty is counted.
+        q, pb = 0.97 / (beam + 0.5) + jit(), 0.55 + jit()
+        pa = float(np.exp((np.log(pb * q) + np.log(pb * q * 0.99) / lp(3)) / 2))
+        return {"B": pb, "eos": pa}, {(1, "B"): {**decoys("x", 0.97 - q, beam - 1), "xk": q}, (2, "xk"): {"eos": 0.99}}
+    if kind == "refill":
+        # B0..B(k-2) and A = [eos] fill the beam; C is next and only a refilled beam keeps it: [C, y, eos] beats A
+        # with its length penalty, and the Bs lead nowhere.
+        pa = min(0.2, 0.5 / (beam + 1)) + jit()
+        lo = pa ** lp(3) / 0.98 / 0.97
+        pc = float(np.sqrt(lo * pa))
+        return ({**decoys("B", 0.94 - pa - pc, beam - 1), "eos": pa, "C": pc},
+                {(1, "C"): {"y": 0.98}, (2, "y"): {"eos": 0.97}})
+    if kind == "stop_lp_t":
+        # A = [eos] is first and B second at step 1: a bound with lp(1) stops there, the one with lp(max_len)
+        # does not, and [B, x, eos] wins.
+        pa = 0.4 + jit()
+        return {"eos": pa, "B": pa - 0.02}, {(1, "B"): {"x": 0.99}, (2, "x"): {"eos": 0.99}}
+    # The tie rows: Hi and Hj are exactly equal at step 1 and have the same next-token row.  D0..D(k-3) fill
+    # the other slots, so that the beam's cut falls inside the tied candidates.
+    first = {**decoys("D", 0.2 * (beam - 2), max(beam - 2, 1)), "Hi": 0.15, "Hj": 0.15} if beam > 2 else \
+        {"Hi": 0.4, "Hj": 0.4}
+    if kind == "token_first":
+        # Hi v1, Hi v2, Hj v1, Hj v2 tie exactly: the exercise keeps Hi's two (lower hypothesis first), ties by
+        # token first keep Hi v1 and Hj v1, and only [Hi, v2, eos] ends well.
+        same = {"v1": 0.4, "v2": 0.4}
+        rows = {(1, "Hi"): same, (1, "Hj"): same, (2, "v2"): {"eos": 0.99}}
+        rows.update({(1, f"D{i}"): {f"d{i}": 0.99} for i in range(beam - 2)})
+        return first, rows
+    # last_of_equal: [Hi, eos] and [Hj, eos] finish at the same step with exactly equal scores and win.
+    return first, {(1, "Hi"): {"eos": 0.99}, (1, "Hj"): {"eos": 0.99}}
+
+
+def _with_planted_rows(rng, table, memory, mask, bos, eos, beam, alpha, kinds):
+    """The problem (table [T, V, V], memory [B, T, V], mask [B, T] or None) with one planted row per kind
+    appended, each on new tokens of its own (ids V and up, in a drawn order) and the shared fillers.  Rows of
+    the problem never reach a new token and planted rows never reach an old one but eos (logits PLANT_LOW), so
+    the old rows' answers do not change.  Each planted row is checked to change its answer under its mistake.
+    Returns (table, memory, mask)."""
+    max_len, dtype = table.shape[0], table.dtype
+    assert mask is None or bool(mask[:, 0].all()), "every row's bias must count at step 1"
+    designs = [_row_design(rng, kind, beam, alpha) for kind in kinds]
+    own = [sorted({*first, *(p for _, p in rows), *(t for r in rows.values() for t in r)} - {"eos"})
+           for first, rows in designs]
+    fillers = [f"f{i}" for i in range(PLANT_FILLERS)]
+    keys = [*fillers, *((k, name) for k, names in enumerate(own) for name in names)]
+    n_old = table.shape[-1]
+    ids = {key: n_old + int(i) for key, i in zip(keys, rng.permutation(len(keys)))}
+    for k in range(len(kinds)):                         # the tie rows need Hi < Hj and v1 < v2
+        for a, b in (("Hi", "Hj"), ("v1", "v2")):
+            if (k, a) in ids and ids[(k, a)] > ids[(k, b)]:
+                ids[(k, a)], ids[(k, b)] = ids[(k, b)], ids[(k, a)]
+    v = n_old + len(ids)
+    new = np.full((max_len, v, v), PLANT_LOW)
+    new[:, :n_old, :n_old] = table.double().numpy()
+    new[0, bos, n_old:] = 0.0                          # reached only through a planted row's bias at step 1
+
+    def log_row(probs, row):
+        """Log-probabilities over the new tokens and eos: ``probs`` (on this row's names), the rest to the fillers."""
+        out = np.full(v, PLANT_LOW)
+        p = {eos if t == "eos" else ids[(row, t)]: q for t, q in probs.items()}
+        p.setdefault(eos, PLANT_EOS)
+        rest = (1 - sum(p.values())) / PLANT_FILLERS
+        assert rest > 0, probs
+        for f in fillers:
+            p[ids[f]] = p.get(ids[f], 0) + rest
+        for token, q in p.items():
+            out[token] = np.log(q)
+        return out
+    default = log_row({}, None)
+    new[1:, n_old:] = default                          # after any new token, the fillers (and a little eos)
+    rows_memory = np.zeros((len(kinds), max_len, v))
+    for k, (first, rows) in enumerate(designs):
+        start = log_row(first, k)
+        rows_memory[k, 0] = np.where(np.arange(v) < n_old, PLANT_LOW, start)
+        rows_memory[k, 0, eos] = start[eos] - new[0, bos, eos]
+        for (step, prev), probs in rows.items():
+            new[step, ids[(k, prev)]] = log_row(probs, k)
+    old_memory = np.zeros((memory.shape[0], max_len, v))
+    old_memory[:, :, :n_old] = memory.double().numpy()
+    old_memory[:, 0, n_old:] = PLANT_LOW                # (mask rows start True: the bias at step 1 always counts)
+    table = torch.from_numpy(new).to(dtype)
+    memory = torch.from_numpy(np.concatenate([old_memory, rows_memory])).to(dtype)
+    if mask is not None:
+        mask = torch.cat([mask, torch.ones(len(kinds), max_len, dtype=torch.bool)])
+    decode = score_table(table)
+    for k, kind in enumerate(kinds):
+        row = memory.shape[0] - len(kinds) + k
+        args = [memory[row:row + 1], None, bos, eos, max_len, beam, alpha]
+        right = [t for t in ref.beam_search(decode, *args, pad=-1)[0][0].tolist() if t >= 0]
+        assert right != _plain_beam(decode, *args, kind)[0][0].tolist(), f"the planted {kind} row does not decide"
+    return table, memory, mask
+
+
 @hidden_test("ch05.beam_search")
 def beam_search(rng):
     """Every setting gets its case from problems drawn for it alone (no setting can use up the others' draws),
     and a case is made of chosen rows of a larger drawn batch: every property a case needs is then common, so
     that the builder finds one within a few draws under any salt (tests/test_salts.py runs it under many).
-    Six more cases are planted tables (_planted_beam) where a freed slot or the early stop's bound decides."""
+    Every case wider than greedy also carries planted rows (_with_planted_rows), and six more cases are planted
+    rows alone: each mistake of KINDS_ANY_ALPHA and KINDS_WITH_PENALTY then fails most cases under any salt."""
     cases = []
     settings = [(b, a) for a in ALPHAS for b in BEAM_SIZES] + [(2, 0.0), (3, 0.6), (5, 1.0), (3, 0.0)]
     for i, (beam, alpha) in enumerate(settings):
         dtype, ties = DTYPES[i % 2], i % 4 < 2
-        extra = BEAM_EXTRA.get(i, ())
-        needed = ({"greedy", "first", "ranked"} if beam > 1 else set()) | ({"ties"} if ties else set()) | set(extra)
+        needed = ({"greedy", "first", "ranked"} if beam > 1 else set()) | ({"ties"} if ties else set())
         for _ in range(BEAM_TRIES):
             batch, vocab, max_len = int(rng.integers(1, 4)), int(rng.integers(4, 8)), int(rng.integers(4, 8))
-            batch = 3 if extra else batch                   # more rows, more ways to show every property
             eos, bos = (int(x) for x in rng.choice(vocab, 2, replace=False))
             table, memory = _beam_problem(rng, BEAM_ROWS, vocab, max_len, eos, dtype, ties)
             mask = None if i % 3 == 0 else padding_mask(rng, BEAM_ROWS, max_len)
-            chosen = _pick_rows(_beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties, extra),
+            chosen = _pick_rows(_beam_rows(table, memory, mask, bos, eos, max_len, beam, alpha, ties),
                                 batch, max_len, needed)
             if chosen is not None:
                 break
         else:
             raise AssertionError(f"could not build a beam search case for beam_size={beam}, alpha={alpha}")
         memory, mask = memory[chosen], None if mask is None else mask[chosen]
-        pad = 0 if i % 4 else int(rng.integers(vocab, vocab + 5))              # an explicit pad id in 4 cases
-        args = [memory, mask, bos, eos, max_len, beam, alpha] + ([pad] if pad else [])
-        cases.append(layer_case(ref.beam_search, "score_table", table, args,
-                                describe=f"(a score table: batch of {len(chosen)}, V={vocab}, max_len={max_len}, "
-                                         f"beam_size={beam}, alpha={alpha}, {'ties, ' if ties else ''}"
-                                         f"{str(dtype)[6:]}{', memory_mask=None' if mask is None else ''})"))
-    for i, kind in enumerate(["keep_finished", "refill", "stop_lp_t"] * 2):
-        table, args = _planted_beam(rng, kind, DTYPES[i // 3])
-        cases.append(layer_case(ref.beam_search, "score_table", table, args,
-                                describe=f"(a score table: batch of 1, V={table.shape[-1]}, max_len={args[4]}, "
-                                         f"beam_size=2, alpha=1.0, {str(DTYPES[i // 3])[6:]}, memory_mask=None)"))
+        if beam > 1:
+            kinds = KINDS_ANY_ALPHA + (KINDS_WITH_PENALTY if alpha > 0 else ())
+            table, memory, mask = _with_planted_rows(rng, table, memory, mask, bos, eos, beam, alpha, kinds)
+        cases.append(_beam_case(rng, table, memory, mask, bos, eos, beam, alpha, explicit_pad=i % 4 == 0,
+                                ties=ties))
+    for i, (beam, alpha) in enumerate([(2, 1.0), (3, 0.6), (5, 1.0), (2, 0.6), (3, 1.0), (5, 0.6)]):
+        vocab, max_len = int(rng.integers(2, 5)), int(rng.integers(4, 8))     # a few tokens besides the planted
+        eos, bos = (int(x) for x in rng.choice(vocab, 2, replace=False))
+        empty = torch.zeros(0, max_len, vocab, dtype=DTYPES[i % 2])
+        table, memory, mask = _with_planted_rows(rng, torch.zeros(max_len, vocab, vocab, dtype=DTYPES[i % 2]), empty,
+                                                 None, bos, eos, beam, alpha, KINDS_ANY_ALPHA + KINDS_WITH_PENALTY)
+        cases.append(_beam_case(rng, table, memory, mask, bos, eos, beam, alpha, explicit_pad=i % 2 == 1))
     return cases
+
+
+def _beam_case(rng, table, memory, mask, bos, eos, beam, alpha, explicit_pad, ties=False):
+    vocab, max_len = table.shape[-1], table.shape[0]
+    pad = int(rng.integers(vocab, vocab + 5)) if explicit_pad else 0        # an explicit pad id: no token's
+    args = [memory, mask, bos, eos, max_len, beam, alpha] + ([pad] if pad else [])
+    return layer_case(ref.beam_search, "score_table", table, args,
+                      describe=f"(a score table: batch of {memory.shape[0]}, V={vocab}, max_len={max_len}, "
+                               f"beam_size={beam}, alpha={alpha}, {'ties, ' if ties else ''}"
+                               f"{str(table.dtype)[6:]}{', memory_mask=None' if mask is None else ''})")
 
 
 # ---- stored cases for the visible checks ---------------------------------------------------------------------
