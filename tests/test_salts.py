@@ -150,26 +150,32 @@ MOST_CASES = {
     "ch09": {"AdamW decaying parameters that have no gradient"},
 }
 
+# Variants that can fail only a few cases of their test by construction, with how many they must fail under every
+# salt: a float32 output buffer shows only without a shared expert and in float64, while leaving out or gating the
+# shared expert shows only with one (the hidden test gives the second kind most cases).
+AT_LEAST = {"ch08": {"DeepSeekMoE output buffer made in float32 (torch.zeros(shape))": 3}}
+
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_every_zoo_variant_fails_its_hidden_test_under_other_salts(chapter):
     """test_zoo checks each variant under the suite's salt; here, under two more: a mistake caught by one
-    or two lucky cases of one salt is not caught.  The variants of MOST_CASES must fail most cases, under the
-    suite's salt too."""
+    or two lucky cases of one salt is not caught.  The variants of MOST_CASES must fail most cases, and those of
+    AT_LEAST their number of cases, under the suite's salt too."""
     from attncourse.autograde import run_hidden_test
     from test_zoo import candidate_for
-    missed, most = [], MOST_CASES.get(chapter, set())
-    assert most <= {v.name for v in zoo(chapter)}, most - {v.name for v in zoo(chapter)}
+    missed, most, least = [], MOST_CASES.get(chapter, set()), AT_LEAST.get(chapter, {})
+    named = most | set(least)
+    assert named <= {v.name for v in zoo(chapter)}, named - {v.name for v in zoo(chapter)}
     for value in ["attncourse", *OTHER_SALTS]:
         with _server_with_salt(value):
             for variant in zoo(chapter):
-                if value == "attncourse" and variant.name not in most:
+                if value == "attncourse" and variant.name not in named:
                     continue                                   # test_zoo runs every variant under this salt
                 for test_cell in sorted(variant.fails):
                     verdict = run_hidden_test(f"{chapter}.{test_cell.removeprefix('test_')}", candidate_for(chapter, variant))
                     failed, n = len(verdict["failures"]), verdict["n_cases"]
                     if not failed:
                         missed.append(f"{variant.name} passes {test_cell} under salt {value!r}")
-                    elif variant.name in most and 2 * failed <= n:
+                    elif variant.name in most and 2 * failed <= n or failed < least.get(variant.name, 0):
                         missed.append(f"{variant.name} fails only {failed} of {n} cases of {test_cell} under salt {value!r}")
     assert not missed, "\n".join(missed)
