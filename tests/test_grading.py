@@ -289,6 +289,60 @@ def test_a_grading_kernel_gets_only_the_environment_it_needs():
     assert set(kept) == {"PATH", "HOME", "LC_ALL", "ATTNCOURSE_GRADING_KERNEL", "ATTNCOURSE_GRADING_SOCKET",
                          "ATTNCOURSE_GRADING_TOKEN", "ATTNCOURSE_LANGUAGE", "OMP_NUM_THREADS"}
     assert "secret" not in repr(kept) and "term-2026" not in repr(kept)
+    # What a fork of the kernels' zygote is sent: the same, and where the launcher finds the control socket.
+    from attncourse.sandbox import launcher_environment
+    sent = launcher_environment(grader)
+    assert set(sent) == set(kept) | {"ATTNCOURSE_GRADER_CONTROL"}
+    assert "secret" not in repr(sent) and "term-2026" not in repr(sent)
+
+
+def test_the_kernels_zygote_answers_the_grader_only_and_forks_a_kernel_that_runs(tmp_path):
+    """attncourse.zygote forks a kernel for an unconfined caller (the grader's provisioner), with the stdout it
+    was given and the environment it was sent; a caller that gave up privileges (as every confined kernel has)
+    gets no answer, and the zygote goes on; it ends when its standard input closes."""
+    import ctypes
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+    from attncourse.zygote import request_kernel
+    path = str(Path(tempfile.mkdtemp(prefix="attncourse-z-")) / "zygote.sock")
+    zygote = subprocess.Popen([sys.executable, "-m", "attncourse.zygote", path], stdin=subprocess.PIPE)
+    try:
+        for _ in range(600):
+            if os.path.exists(path) or zygote.poll() is not None:
+                break
+            time.sleep(0.05)
+        confined = subprocess.run([sys.executable, "-c", f"""
+import ctypes, sys
+assert ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) == 0      # PR_SET_NO_NEW_PRIVS, as a kernel
+from attncourse.zygote import request_kernel
+try:
+    request_kernel({path!r}, ["-f", "x.json"], {{}}, "/", [0, 1, 2])
+except RuntimeError as exc:
+    print("refused:", exc)
+"""], capture_output=True, text=True, timeout=60)
+        assert "refused:" in confined.stdout, confined.stdout + confined.stderr
+        # A kernel whose connection file does not exist still forks, reads the request, and fails where a
+        # launched kernel would: its error reaches the stderr it was given.
+        err = tmp_path / "stderr"
+        with open(err, "w") as f, open(os.devnull) as null:
+            pid = request_kernel(path, ["-f", str(tmp_path / "missing.json")], {"PATH": os.environ["PATH"],
+                                 "ATTNCOURSE_SANDBOX_TMP": str(tmp_path / "tmp")}, str(tmp_path),
+                                 [null.fileno(), f.fileno(), f.fileno()])
+        for _ in range(600):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        assert "missing.json" in err.read_text(), err.read_text()
+        assert zygote.poll() is None
+    finally:
+        zygote.stdin.close()
+        zygote.wait(timeout=30)
+    assert zygote.returncode == 0
 
 
 def test_the_class_server_survives_any_client_of_its_control_socket(tmp_path):

@@ -63,8 +63,11 @@ def test_parallel_grading_matches_the_known_grades(tmp_path):
 
 def test_an_interrupted_run_resumes_without_regrading(tmp_path):
     students = fake_class(tmp_path, keep=SMALL_CLASS)
+    # This run starts each kernel as a Python of its own (no zygote, as on a machine that cannot fork one); the
+    # run that resumes it forks them from the zygote: the two ways grade alike.
     proc = subprocess.Popen([*GRADER, "--root", str(tmp_path), "--jobs", "1", "--shard", "1/1"],
-                            env=dict(os.environ, ATTNCOURSE_CELL_TIMEOUT=TIMEOUT), start_new_session=True,
+                            env=dict(os.environ, ATTNCOURSE_CELL_TIMEOUT=TIMEOUT, ATTNCOURSE_KERNEL_ZYGOTE="0"),
+                            start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     markers = tmp_path / "verdicts" / CH
     deadline = time.time() + 900

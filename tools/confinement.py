@@ -20,7 +20,7 @@ import nbtools
 
 KERNEL = "attncourse-sandbox"
 PROVISIONER = "attncourse-sandbox-provisioner"     # utils/pyproject.toml registers it
-_server = None
+_server = _zygote = None
 _server_lock = threading.Lock()     # JOBS=N: grader threads must share one server, not race to start several
 atexit.register(lambda: stop_server())
 
@@ -83,11 +83,40 @@ def _start_server(root):
         raise SystemExit("the grading server did not start (is the reference package attncourse_ref installed?)")
     os.environ["ATTNCOURSE_GRADER_CONTROL"] = control
     os.environ["ATTNCOURSE_MPL_CACHE"] = _mpl_cache()
+    _start_zygote(os.path.join(private, "zygote.sock"))
     return _server
 
 
+def _start_zygote(path):
+    """Start the grading kernels' zygote (attncourse/zygote.py: kernels forked with torch already imported) and
+    point the provisioner at it; without one (not Linux, or ATTNCOURSE_ZYGOTE=0), each kernel starts a Python."""
+    global _zygote
+    os.environ.pop("ATTNCOURSE_ZYGOTE", None)
+    if not sys.platform.startswith("linux") or os.environ.get("ATTNCOURSE_KERNEL_ZYGOTE") == "0":
+        return
+    from attncourse.sandbox import kernel_environment
+    _zygote = subprocess.Popen([sys.executable, "-m", "attncourse.zygote", path], stdin=subprocess.PIPE,
+                               env=kernel_environment(os.environ), cwd=tempfile.gettempdir())
+    for _ in range(600):
+        if os.path.exists(path) or _zygote.poll() is not None:
+            break
+        time.sleep(0.05)
+    if os.path.exists(path):
+        os.environ["ATTNCOURSE_ZYGOTE"] = path
+    else:
+        print("warning: the grading kernels' zygote did not start; each kernel starts its own Python", file=sys.stderr)
+
+
 def stop_server():
-    global _server
+    global _server, _zygote
+    if _zygote is not None:
+        _zygote.stdin.close()
+        try:
+            _zygote.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _zygote.kill()
+        _zygote = None
+        os.environ.pop("ATTNCOURSE_ZYGOTE", None)
     if _server is not None:
         _server.stdin.close()
         try:

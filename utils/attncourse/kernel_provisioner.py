@@ -7,14 +7,57 @@ loopback address (the gloo ranks of chapter 09's DDP exercises) and reach nothin
 folder is made for this kernel alone, so no other kernel may bind, or learn, its sockets' names.
 """
 import os
+import select
 import shutil
+import signal
+import sys
 import tempfile
+import time
 
 from jupyter_client.provisioning import LocalProvisioner
 
 
+class ForkedKernel:
+    """What LocalProvisioner needs of a Popen, for a kernel that attncourse.zygote forked (not this process's
+    child): followed through a pidfd, so that a reused pid is never mistaken for it."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, pid):
+        self.pid, self.returncode = pid, None
+        try:
+            self._fd = os.pidfd_open(pid)
+        except ProcessLookupError:                       # already gone
+            self._fd, self.returncode = None, -signal.SIGKILL
+
+    def poll(self):
+        if self.returncode is None and select.select([self._fd], [], [], 0)[0]:
+            os.close(self._fd)
+            self._fd, self.returncode = None, -signal.SIGKILL   # its exit status is its parent's to read
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"kernel {self.pid} still running")
+            select.select([self._fd], [], [], 0.1)
+        return self.returncode
+
+    def send_signal(self, signum):
+        if self.poll() is None:
+            signal.pidfd_send_signal(self._fd, signum)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+
 class SandboxProvisioner(LocalProvisioner):
-    """LocalProvisioner with the "ipc" transport in a private folder (removed with the kernel)."""
+    """LocalProvisioner with the "ipc" transport in a private folder (removed with the kernel); the kernel is
+    forked by the grader's zygote ($ATTNCOURSE_ZYGOTE, tools/confinement.py) where there is one."""
 
     ipc_dir = None
 
@@ -27,8 +70,33 @@ class SandboxProvisioner(LocalProvisioner):
         km.ip = os.path.join(self.ipc_dir, "kernel")
         return await super().pre_launch(**kwargs)
 
+    async def launch_kernel(self, cmd, **kwargs):
+        zygote = os.environ.get("ATTNCOURSE_ZYGOTE")
+        if not zygote or "attncourse.sandbox" not in cmd:
+            return await super().launch_kernel(cmd, **kwargs)
+        from .sandbox import launcher_environment
+        from .zygote import request_kernel
+        cwd = str(kwargs.get("cwd") or os.getcwd())
+        out, err = (kwargs.get(k) or getattr(sys, f"__{k}__") for k in ("stdout", "stderr"))
+        try:
+            with open(os.devnull) as null:
+                pid = request_kernel(zygote, cmd[cmd.index("attncourse.sandbox") + 1:],
+                                     launcher_environment(kwargs.get("env") or os.environ), cwd,
+                                     [null.fileno(), _fileno(out), _fileno(err)])
+        except (OSError, RuntimeError, ValueError) as exc:  # no zygote after all: a kernel of its own
+            print(f"attncourse: the kernels' zygote failed ({exc}); starting the kernel alone", file=sys.stderr)
+            return await super().launch_kernel(cmd, **kwargs)
+        self.process = ForkedKernel(pid)
+        self.pid = self.pgid = pid                       # the fork made itself a session leader
+        self.cwd = cwd
+        return self.connection_info
+
     async def cleanup(self, restart=False):
         await super().cleanup(restart=restart)
         if not restart and self.ipc_dir:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
             self.ipc_dir = None
+
+
+def _fileno(stream):
+    return stream if isinstance(stream, int) else stream.fileno()

@@ -479,7 +479,17 @@ def kernel_environment(env):
     return {k: v for k, v in env.items() if k in KERNEL_ENVIRONMENT or k.startswith("LC_")}
 
 
-def main(argv):
+def launcher_environment(env):
+    """The part of ``env`` this launcher reads before it confines itself: the kernel's, and where the grader's
+    control socket, font cache and report file are (what a fork of attncourse.zygote is sent: nothing else of the
+    grader's ever enters its memory)."""
+    return {**kernel_environment(env), **{k: env[k] for k in ("ATTNCOURSE_GRADER_CONTROL", "ATTNCOURSE_MPL_CACHE",
+                                                               "ATTNCOURSE_SANDBOX_REPORT") if k in env}}
+
+
+def main(argv, exec_kernel=True):
+    """Confine this process, then become the kernel (``exec_kernel``) or return the kernel's arguments (a fork of
+    attncourse.zygote starts the kernel in this process)."""
     if "-f" not in argv:
         raise SystemExit("usage: python -m attncourse.sandbox -f CONNECTION_FILE [ipykernel arguments]")
     i = argv.index("-f")
@@ -496,6 +506,8 @@ def main(argv):
     kept = kernel_environment(os.environ)
     os.environ.clear()
     os.environ.update(kept)
+    if not exec_kernel:
+        return args
     os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *args])
 
 

@@ -590,7 +590,7 @@ def _with_planted_rows(rng, table, memory, mask, bos, eos, beam, alpha, kinds):
         row = memory.shape[0] - len(kinds) + k
         args = [memory[row:row + 1], None, bos, eos, max_len, beam, alpha]
         right = [t for t in ref.beam_search(decode, *args, pad=-1)[0][0].tolist() if t >= 0]
-        assert right != _plain_beam(decode, *args, kind)[0][0].tolist(), f"the planted {kind} row does not decide"
+        assert right != _plain_beam(decode, *args, kind)[0][0].tolist(), f"the planted {kind} row does not decide the answer"
     return table, memory, mask
 
 

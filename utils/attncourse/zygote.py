@@ -1,0 +1,150 @@
+"""Grading kernels started as forks of one process that has already imported torch and ipykernel.
+
+    python -m attncourse.zygote SOCKET        (tools/confinement.py starts it beside the grading server)
+
+Every grading kernel used to start a Python, import ipykernel, and import torch in the notebook's first cell:
+about 1.5 s of a student's 3 to 5 s.  This process pays those imports once per class run and forks a kernel for
+each request of the grader's provisioner (attncourse/kernel_provisioner.py).  The fork then does what
+``python -m attncourse.sandbox`` does, in the same order: it confines itself for good (attncourse.sandbox), and
+only then becomes the IPython kernel.  A kernel is a fresh fork of a process that never runs a student's code,
+so nothing one student does reaches another.
+
+The socket sits in the grader's private folder, beside the control socket: a confined kernel's mount namespace
+does not show it, and only processes that have not given up privileges (the grader's, never a kernel) are
+answered.  The process was started with the kernels' environment only (attncourse.sandbox.KERNEL_ENVIRONMENT),
+so its memory holds nothing of the grader's; each kernel gets the environment its provisioner would have given
+it.  It ends when its standard input closes: with the grader.
+"""
+import importlib.util
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import traceback
+
+
+def _peer_unconfined(conn):
+    pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    try:
+        status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+    except OSError:
+        return False
+    return status.get("NoNewPrivs", "1").strip() == "0"
+
+
+def _receive(conn):
+    """(request dict, [stdin, stdout, stderr] file descriptors): one line of JSON and the three descriptors."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    while not data.endswith(b"\n"):
+        more = conn.recv(1 << 20)
+        if not more:
+            raise ConnectionError("request cut short")
+        data += more
+    return json.loads(data), fds
+
+
+def _kernel(request, fds):
+    """In the fork: become the confined kernel the request asks for (what ``python -m attncourse.sandbox`` and
+    ``python -m ipykernel_launcher`` would do); never returns."""
+    code = 1
+    try:
+        os.setsid()                                      # its own process group, as a launched kernel has
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)    # the kernel's own children are its to wait for
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        # The learner package is imported afresh, under this kernel's environment (GRADING, the language).
+        for name in [m for m in sys.modules if m == "attncourse" or m.startswith("attncourse.")]:
+            del sys.modules[name]
+        from attncourse import sandbox
+        args = sandbox.main(request["argv"], exec_kernel=False)
+        import tempfile
+        tempfile.tempdir = None                          # found again from the kernel's TMPDIR, not the zygote's
+        sys.argv = [importlib.util.find_spec("ipykernel_launcher").origin, *args]
+        from ipykernel import kernelapp
+        kernelapp.launch_new_instance(argv=args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:                                # noqa: BLE001 - reported where a launched kernel's is
+        traceback.print_exc()
+    finally:
+        try:
+            import atexit
+            atexit._run_exitfuncs()                      # the kernel's own, as a normal exit runs them
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(path):
+    """Answer requests at ``path`` until standard input closes (the grader holds its other end, so this process
+    ends with the grader, however the grader ends)."""
+    if sys.path and sys.path[0] in ("", os.getcwd()):    # as ipykernel_launcher: not the folder it started in
+        del sys.path[0]
+    import ipykernel.kernelapp  # noqa: F401  (what every kernel imports first)
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)        # kernels are reaped by the system: no zombie stays
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".new")
+    os.chmod(path + ".new", 0o600)
+    listener.listen(16)
+    os.rename(path + ".new", path)                       # the grader waits for this name: ready
+    while True:
+        ready, _, _ = select.select([listener, sys.stdin], [], [])
+        if sys.stdin in ready:
+            if not os.read(sys.stdin.fileno(), 1 << 16):
+                return
+            continue
+        conn, _ = listener.accept()
+        fds = []
+        with conn:
+            try:
+                conn.settimeout(5)                       # the grader's provisioner sends at once
+                if not _peer_unconfined(conn):
+                    continue
+                request, fds = _receive(conn)
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    conn.close()
+                    _kernel(request, fds)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            except (OSError, ValueError, KeyError) as exc:
+                print(f"attncourse.zygote: request refused: {exc}", file=sys.stderr)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+
+def request_kernel(path, argv, env, cwd, stdio):
+    """Ask the zygote at ``path`` for a kernel (``argv``: the sandbox's arguments, -f CONNECTION_FILE ...);
+    ``stdio`` its stdin, stdout and stderr (file descriptors).  Returns the kernel's pid."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(30)
+        conn.connect(path)
+        socket.send_fds(conn, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n"], list(stdio))
+        reply = b""
+        while not reply.endswith(b"\n"):
+            try:
+                more = conn.recv(4096)
+            except ConnectionError:
+                more = b""
+            if not more:
+                raise RuntimeError("the grading kernels' zygote refused the request (see the grader's log)")
+            reply += more
+    return int(json.loads(reply)["pid"])
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
