@@ -107,42 +107,51 @@ def serve(path):
                 return
             continue
         conn, _ = listener.accept()
-        fds = []
         with conn:
             try:
                 conn.settimeout(5)                       # the grader's provisioner sends at once
                 if not _peer_unconfined(conn):
                     continue
-                request, fds = _receive(conn)
-                pid = os.fork()
-                if pid == 0:
+                if os.fork() == 0:
+                    # The request is read in the fork: this process never holds one kernel's request (its paths,
+                    # its environment) for the next fork to find in its memory.
                     listener.close()
-                    conn.close()
-                    _kernel(request, fds)
-                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-            except (OSError, ValueError, KeyError) as exc:
+                    _start(conn)
+            except OSError as exc:
                 print(f"attncourse.zygote: request refused: {exc}", file=sys.stderr)
-            finally:
-                for fd in fds:
-                    os.close(fd)
+
+
+def _start(conn):
+    """In the fork: read the request, answer with this process's pid, become the kernel; never returns."""
+    try:
+        request, fds = _receive(conn)
+        conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+        conn.close()
+    except BaseException:                                # noqa: BLE001 - the caller sees the connection close
+        traceback.print_exc()
+        os._exit(1)
+    _kernel(request, fds)
 
 
 def request_kernel(path, argv, env, cwd, stdio):
     """Ask the zygote at ``path`` for a kernel (``argv``: the sandbox's arguments, -f CONNECTION_FILE ...);
-    ``stdio`` its stdin, stdout and stderr (file descriptors).  Returns the kernel's pid."""
+    ``stdio`` its stdin, stdout and stderr (file descriptors).  Returns the kernel's pid; raises OSError when
+    there is no zygote, RuntimeError when it hangs up (it does on a caller that gave up privileges)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(30)
         conn.connect(path)
-        socket.send_fds(conn, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n"], list(stdio))
         reply = b""
-        while not reply.endswith(b"\n"):
-            try:
+        try:
+            socket.send_fds(conn, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n"], list(stdio))
+            while not reply.endswith(b"\n"):
                 more = conn.recv(4096)
-            except ConnectionError:
-                more = b""
-            if not more:
-                raise RuntimeError("the grading kernels' zygote refused the request (see the grader's log)")
-            reply += more
+                if not more:
+                    break
+                reply += more
+        except ConnectionError:
+            pass
+    if not reply.endswith(b"\n"):
+        raise RuntimeError("the grading kernels' zygote refused the request (see the grader's log)")
     return int(json.loads(reply)["pid"])
 
 
