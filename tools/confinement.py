@@ -75,11 +75,7 @@ def _start_server(root):
     _server = subprocess.Popen([sys.executable, "-I", "-m", "attncourse_ref.grading", "--serve", control,
                                 "--root", str(root)], stdin=subprocess.PIPE, env=env)
     _server.root = str(root)
-    for _ in range(600):
-        if os.path.exists(control) or _server.poll() is not None:
-            break
-        time.sleep(0.05)
-    if not os.path.exists(control):
+    if not _started(_server, control):
         raise SystemExit("the grading server did not start (is the reference package attncourse_ref installed?)")
     os.environ["ATTNCOURSE_GRADER_CONTROL"] = control
     os.environ["ATTNCOURSE_MPL_CACHE"] = _mpl_cache()
@@ -89,7 +85,8 @@ def _start_server(root):
 
 def _start_zygote(path):
     """Start the grading kernels' zygote (attncourse/zygote.py: kernels forked with torch already imported) and
-    point the provisioner at it; without one (not Linux, or ATTNCOURSE_ZYGOTE=0), each kernel starts a Python."""
+    point the provisioner at it; without one (not Linux, or ATTNCOURSE_KERNEL_ZYGOTE=0), each kernel starts a
+    Python of its own."""
     global _zygote
     os.environ.pop("ATTNCOURSE_ZYGOTE", None)
     if not sys.platform.startswith("linux") or os.environ.get("ATTNCOURSE_KERNEL_ZYGOTE") == "0":
@@ -97,33 +94,32 @@ def _start_zygote(path):
     from attncourse.sandbox import kernel_environment
     _zygote = subprocess.Popen([sys.executable, "-m", "attncourse.zygote", path], stdin=subprocess.PIPE,
                                env=kernel_environment(os.environ), cwd=tempfile.gettempdir())
-    for _ in range(600):
-        if os.path.exists(path) or _zygote.poll() is not None:
-            break
-        time.sleep(0.05)
-    if os.path.exists(path):
+    if _started(_zygote, path):
         os.environ["ATTNCOURSE_ZYGOTE"] = path
     else:
         print("warning: the grading kernels' zygote did not start; each kernel starts its own Python", file=sys.stderr)
 
 
+def _started(proc, path):
+    """Whether ``proc`` made its socket ``path`` (within 30 s, while it runs)."""
+    for _ in range(600):
+        if os.path.exists(path) or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    return os.path.exists(path)
+
+
 def stop_server():
     global _server, _zygote
-    if _zygote is not None:
-        _zygote.stdin.close()
-        try:
-            _zygote.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            _zygote.kill()
-        _zygote = None
-        os.environ.pop("ATTNCOURSE_ZYGOTE", None)
-    if _server is not None:
-        _server.stdin.close()
-        try:
-            _server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            _server.kill()
-        _server = None
+    os.environ.pop("ATTNCOURSE_ZYGOTE", None)
+    for proc in (_zygote, _server):
+        if proc is not None:
+            proc.stdin.close()               # both end when their standard input closes
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    _server = _zygote = None
 
 
 def autograde(chapter, root, student=None, only=None):
