@@ -157,3 +157,15 @@ def test_skipping_demonstrations_keeps_what_graded_cells_read():
              v4.new_code_cell("plot = [f(d) for d in data]\n")]
     short = fakeclass.without_demonstrations(v4.new_notebook(cells=cells))
     assert [c.source == fakeclass.SKIPPED for c in short.cells] == [False, True, False, True, False, False, True]
+
+
+def test_a_print_flushed_half_way_is_one_output(tmp_path):
+    """What the site shows of a print() is one piece of text even when the kernel sent it in two (as a busy
+    machine's kernel did: "'it' attends most to:" and " animal (weight 0.54)" on two lines of the ch02 page)."""
+    import nbformat
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import sys, time\nsys.stdout.write(\"'it' attends most to:\")\nsys.stdout.flush()\ntime.sleep(0.3)\n"
+        "print(' animal')")])
+    nbtools.execute(nb, tmp_path)
+    streams = [o for o in nb.cells[0].outputs if o.output_type == "stream"]
+    assert [o.text for o in streams] == ["'it' attends most to: animal\n"]

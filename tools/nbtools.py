@@ -152,10 +152,12 @@ def nbgrader(*args, root):
 
 def execute(nb, cwd, timeout=600, interrupt_on_timeout=False):
     """Execute ``nb`` in place in a fresh python3 kernel started in ``cwd``; errors stay in the outputs
-    (with ``interrupt_on_timeout``, so does a cell that ran past ``timeout``, as under the grader)."""
+    (with ``interrupt_on_timeout``, so does a cell that ran past ``timeout``, as under the grader).  A cell's
+    printed text is one output per stream: a busy kernel may flush a print() half-way, and the page would show
+    the two halves on two lines."""
     from nbclient import NotebookClient
     NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=interrupt_on_timeout,
-                   extra_arguments=QUIET_KERNEL, resources={"metadata": {"path": str(cwd)}}).execute()
+                   extra_arguments=QUIET_KERNEL, resources={"metadata": {"path": str(cwd)}}, coalesce_streams=True).execute()
     return nb
 
 
