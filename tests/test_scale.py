@@ -181,10 +181,13 @@ def test_grader_threads_share_one_server(tmp_path, monkeypatch):
         t.start()
     for t in threads:
         t.join()
+    private = os.path.dirname(os.environ["ATTNCOURSE_GRADER_CONTROL"])
     try:
         assert len(started) == 1
+        assert os.path.exists(os.path.join(private, "control.sock"))
     finally:
         confinement.stop_server()
         for proc in started:
             proc.kill()
         os.environ.pop("ATTNCOURSE_GRADER_CONTROL", None)
+    assert not os.path.exists(private), "the grader's private folder outlived its server"

@@ -9,6 +9,7 @@ import atexit
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,7 @@ def _start_server(root):
     _server = subprocess.Popen([sys.executable, "-I", "-m", "attncourse_ref.grading", "--serve", control,
                                 "--root", str(root)], stdin=subprocess.PIPE, env=env)
     _server.root = str(root)
+    _server.private = private
     if not _started(_server, control):
         raise SystemExit("the grading server did not start (is the reference package attncourse_ref installed?)")
     os.environ["ATTNCOURSE_GRADER_CONTROL"] = control
@@ -119,6 +121,8 @@ def stop_server():
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    if _server is not None:
+        shutil.rmtree(_server.private, ignore_errors=True)     # its sockets and kernels' channels
     _server = _zygote = None
 
 
