@@ -75,7 +75,8 @@ CLAIMS = {
               "TRANSFORMER_STEPS, RNN_STEPS", lambda out: row(out, "Transformer")[-1] >= 99
               and row(out, "GRU + attention")[-1] >= 99),
         Claim("the recurrent model gets there first, in steps and in seconds: it passes the 95% mark sooner",
-              "TRANSFORMER_STEPS, RNN_STEPS", lambda out: row(out, "GRU + attention")[-2] < row(out, "Transformer")[-2]),
+              "TRANSFORMER_STEPS, RNN_STEPS",     # with a margin a busy machine cannot erase (3.7 s against 9.4 s here)
+              lambda out: row(out, "GRU + attention")[-2] < 0.75 * row(out, "Transformer")[-2]),
         Claim("At the smaller learning rate the two curves lie almost on top of each other", "def loss_curve",
               lambda out: abs(row(out, "lr 0.003 post-norm:")[-1] - row(out, "lr 0.003 pre-norm :")[-1]) < 0.15),
         Claim("At the larger learning rate they part", "def loss_curve",
@@ -115,8 +116,9 @@ CLAIMS = {
     ],
     "ch06": [
         Claim("the gap widens with the length: the speed-up column", "no cache (tok/s)",
-              lambda out: numbers(r"([\d.]+)x", out) == sorted(numbers(r"([\d.]+)x", out))
-              and numbers(r"([\d.]+)x", out)[0] > 1),
+              # each doubling of the length raises the speed-up by a quarter at least (2.2x, 3.5x, 5.8x here)
+              lambda out: all(b > 1.25 * a for a, b in zip(numbers(r"([\d.]+)x", out), numbers(r"([\d.]+)x", out)[1:]))
+              and numbers(r"([\d.]+)x", out)[0] > 1.3),
         Claim("the table of §6.6 puts GPT-3's cache for one sequence of 131,072 tokens at 576 GiB",
               "layers, width = 96, 12_288", lambda out: row(out, "131,072")[-1] == 576.0),
         Claim("The measured ratio is $H / n_{kv}$ exactly", "cache_bytes[n_kv] = k.nbytes + v.nbytes",
@@ -176,7 +178,7 @@ CLAIMS = {
         Claim("At this size and number of steps the validation curves lie close together", "compared = [dense_name",
               lambda out: abs(row(out, "dense SwiGLU")[-2] - row(out, "MoE 8 experts, top-2")[-2]) < 0.05),
         Claim("on a CPU, at this size, the MoE is the slower one", "compared = [dense_name",
-              lambda out: row(out, "MoE 8 experts, top-2")[-1] < row(out, "dense SwiGLU")[-1]),
+              lambda out: row(out, "MoE 8 experts, top-2")[-1] < 0.8 * row(out, "dense SwiGLU")[-1]),    # 14k against 28k here
         Claim("Without the balance loss the router collapses", "x_val, _ = data.batch(",
               lambda out: max(row(out, "MoE, no load balancing")[:4]) > 50 and max(row(out, "MoE 8 experts, top-2")[:4]) < 45),
         Claim("With neither method the busiest expert of some layer takes more than twice its share", "GAMMA = 0.03",
