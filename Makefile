@@ -14,7 +14,7 @@ ifeq ($(filter command line,$(origin LANG)),command line)
 override LANG := C.UTF-8
 endif
 
-.PHONY: help env site publish bundle test test-fast translations release autograde release-held feedback grades collect-zip validate benchmark clean
+.PHONY: help env site publish bundle test test-fast translations release autograde release-held feedback grades report collect-zip validate benchmark clean
 
 help:
 	@echo "make site        build the website into _build/html (creates .venv if missing)"
@@ -31,6 +31,8 @@ help:
 	@echo "make release-held CH=ch02 STUDENT=s   release the points held for review (without STUDENT: list them)"
 	@echo "make feedback  CH=ch02   feedback HTML -> feedback/<student>/CH/"
 	@echo "make grades              all grades -> grades.csv"
+	@echo "make report    CH=ch02   what the class got wrong -> reports/CH.html and diagnoses.csv (without CH: every"
+	@echo "                         graded chapter; ANONYMOUS=1: reports-anonymous/, no student named)"
 	@echo "make collect-zip CH=ch02 unpack an LMS download from downloaded/CH/archive/ into submitted/"
 	@echo "make validate NB=path    run your notebook as the grader will and list what passes (before submitting)"
 	@echo "                         (without make, where the course's package is installed: attncourse validate path)"
@@ -96,6 +98,9 @@ feedback: $(STAMP)
 
 grades: $(STAMP)
 	$(BIN)/python tools/export_grades.py
+
+report: $(STAMP)
+	$(BIN)/python tools/report.py $(CH) $(if $(ANONYMOUS),--anonymous)
 
 collect-zip: $(STAMP)
 	$(BIN)/nbgrader zip_collect $(CH) --force

@@ -13,30 +13,13 @@ from attncourse.autograde import run_hidden_test
 from attncourse.checks import CheckFailed
 from attncourse.i18n import set_language, translate
 from conftest import CHAPTERS
-from fakeclass import cells_tested, zoo
+from fakeclass import candidate_for, cells_tested, reference_target, zoo  # noqa: F401 (tests import both from here)
 
 
 def _zoo_params():
     for ch in CHAPTERS:
         for v in zoo(ch):
             yield pytest.param(ch, v, id=f"{ch}-{v.name}")
-
-
-def reference_target(chapter, cell):
-    """(the reference function or method the solution cell ``cell`` delegates to, its class or None)."""
-    nb = nbtools.read(nbtools.chapter_notebook(chapter))
-    source = next(c.source for c in nb.cells if nbtools.grade_info(c).get("grade_id") == cell)
-    target = nbtools.reference_object(source.split(nbtools.BEGIN, 1)[1])
-    owner = target.__qualname__.rpartition(".")[0]
-    return target, (getattr(importlib.import_module(target.__module__), owner) if owner else None)
-
-
-def candidate_for(chapter, variant):
-    """The variant as the hidden tests see it: a function, or the reference class with one method replaced."""
-    target, cls = reference_target(chapter, variant.cell)
-    if cls is None:
-        return variant.impl
-    return type(cls.__name__, (cls,), {target.__name__: variant.impl})
 
 
 @pytest.mark.parametrize("chapter, variant", list(_zoo_params()))

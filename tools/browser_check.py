@@ -387,6 +387,34 @@ def check(html, screenshots=None, log=print, counts=None):
     return failures
 
 
+def check_pages(root, pages, screenshots=None):
+    """{page: [problems]} for pages outside the site, served from ``root`` (the class report, with its links to
+    the feedback pages): JavaScript errors, images, links within ``root`` and axe-core's serious problems."""
+    binary = find_chromium()
+    if binary is None:
+        raise SystemExit("no Chromium found: install Debian's `chromium` package (apt-get install chromium)")
+    root = Path(root).resolve()
+    server = serve(root)
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    browser, failures = Browser(binary), {}
+    try:
+        for page in pages:
+            problems = browser.open(base + page)
+            seen = json.loads(browser.evaluate(INSPECT))
+            problems += [f"image did not load: {src}" for src in seen["images"]]
+            problems += broken_links(seen["links"], base, root, {})
+            problems += accessibility(browser)
+            if screenshots:
+                Path(screenshots).mkdir(parents=True, exist_ok=True)
+                browser.screenshot(Path(screenshots) / (page.replace("/", "_") + ".png"))
+            if problems:
+                failures[page] = problems
+    finally:
+        browser.close()
+        server.shutdown()
+    return failures
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--html", default=str(ROOT / "_build" / "html"))

@@ -32,7 +32,7 @@ def ensure_kernelspec():
     # kernel live in a private network namespace.  log_level=ERROR: ipykernel's warnings (e.g. that
     # its channels are not encrypted; no other kernel can reach them) would print once per student.
     spec = {"argv": [sys.executable, "-m", "attncourse.sandbox", "-f", "{connection_file}",
-                     "--IPKernelApp.log_level=ERROR"],
+                     "--IPKernelApp.log_level=ERROR", "--ext=attncourse.diagnose"],
             "display_name": "Python 3 (attncourse grading sandbox)", "language": "python",
             "metadata": {"debugger": False,
                          "kernel_provisioner": {"provisioner_name": PROVISIONER}}}

@@ -34,6 +34,23 @@ def zoo(chapter):
     return importlib.import_module(f"zoo.{chapter}").VARIANTS
 
 
+def reference_target(chapter, cell):
+    """(the reference function or method the solution cell ``cell`` delegates to, its class or None)."""
+    nb = nbtools.read(nbtools.chapter_notebook(chapter))
+    source = next(c.source for c in nb.cells if nbtools.grade_info(c).get("grade_id") == cell)
+    target = nbtools.reference_object(source.split(nbtools.BEGIN, 1)[1])
+    owner = target.__qualname__.rpartition(".")[0]
+    return target, (getattr(importlib.import_module(target.__module__), owner) if owner else None)
+
+
+def candidate_for(chapter, variant):
+    """The variant as the hidden tests see it: a function, or the reference class with one method replaced."""
+    target, cls = reference_target(chapter, variant.cell)
+    if cls is None:
+        return variant.impl
+    return type(cls.__name__, (cls,), {target.__name__: variant.impl})
+
+
 def cells_tested(nb):
     """{solution grade_id: [test grade_ids that follow it before the next solution cell]}."""
     own, current = {}, None
@@ -71,8 +88,9 @@ def pack(variants, own):
 
 
 class Student:
-    def __init__(self, name, overrides=None, fails=(), note=""):
+    def __init__(self, name, overrides=None, fails=(), note="", variants=()):
         self.name, self.overrides, self.fails, self.note = name, overrides or {}, set(fails), note
+        self.variants = list(variants)      # the zoo's mistakes it pastes: what the class report must name
 
 
 def generic_students(chapter, instructor):
@@ -95,7 +113,8 @@ def generic_students(chapter, instructor):
         Student("cheat-sneaky", {last: sneaky_reference(instructor, last)}, fails=own[last],
                 note="imports the reference around the guard and calls it"),
         Student("cheat-allclose", {first: PATCH_COMPARISONS + wrong_body(instructor, variants, first)}, fails=downstream,
-                note="replaces torch/numpy comparison functions, wrong code"),
+                note="replaces torch/numpy comparison functions, wrong code",
+                variants=[next(v for v in variants if v.cell == first)]),
         Student("loop", {last: loop_body(instructor, last)}, fails=own[last], note="infinite loop"),
         Student("killer", {last: kill_body(instructor, last)}, fails=own[last], note="kills its kernel"),
         Student("warning", {first: warn_body(instructor, first)}, note="correct code that warns"),
@@ -140,7 +159,7 @@ def warn_body(nb, gid):
 
 def wrong_body(nb, variants, gid):
     """The first zoo variant for ``gid``, pasted in."""
-    v = next(v for v in variants if v.cell == gid)
+    v = next(v for v in variants if v.cell == gid)     # (cheat-allclose's Student names the same one)
     src = cell_source(nb, gid)
     return nbtools.fill_regions(src, lambda region: nbtools.function_body(v.impl))
 
@@ -234,7 +253,7 @@ def build(chapter, root, language="en", only=None, demonstrations=False):
     for i, group in enumerate(pack(variants, cells_tested(instructor))):
         students.append(Student(f"zoo-{i + 1:02d}", {v.cell: v.impl for v in group},
                                 fails=set().union(*(v.loses for v in group)),
-                                note="; ".join(v.name for v in group)))
+                                note="; ".join(v.name for v in group), variants=group))
     if only is not None:
         students = [s for s in students if s.name in only]
     for s in students:

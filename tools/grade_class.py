@@ -310,6 +310,7 @@ def main(argv=None):
     # after a crash) then adds to it, and the first verdict of each hidden test stands across all of them.
     for s in ok:
         (root / "verdicts" / args.chapter / f"{s}.jsonl").unlink(missing_ok=True)
+        shutil.rmtree(root / "verdicts" / args.chapter / f"{s}.outputs", ignore_errors=True)
     # One nbgrader run per share of the students (JOBS shares, run at once): its start-up is paid
     # once per share.  nbgrader goes on with the next student when one fails; what failed is
     # picked up below.

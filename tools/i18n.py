@@ -188,7 +188,7 @@ class Messages(Source):
     FILES = ["utils/attncourse/checks/*.py", "utils/attncourse/autograde.py", "utils/attncourse/forbid.py",
              "utils/attncourse/lab/*.py", "utils/attncourse/explore/*.py",
              "utils/attncourse/validate.py", "utils/attncourse/cli.py", "solutions/attncourse_ref/grading/*.py",
-             "tools/similarity.py"]
+             "tools/similarity.py", "tools/report.py"]
 
     def __init__(self):
         super().__init__("messages", ROOT / "utils" / "attncourse")

@@ -320,10 +320,34 @@ def session(rfile, wfile, peer_pid=None, record=None, memory_cgroup=None):
         got.update(arr)
         failures = _judge(test_id, cases, msg, got, peaks)
         verdict = {"test": test_id, "n_cases": len(cases), "failures": failures}
+        if failures:
+            _keep_outputs(record, test_id, msg, got)
         if record is not None:
             record.write(json.dumps({**verdict, "passed": not failures}) + "\n")
             record.flush()
         _wire.send(wfile, verdict)
+
+
+def _keep_outputs(record, test_id, answer, got):
+    """Keep what a failed verdict's code returned, for the class report's diagnosis (tools/report.py matches it
+    against the mistake zoo's outputs on the same cases): beside the student's record (``<student>.outputs/``,
+    where no kernel can write), or, outside a class run, in ATTNCOURSE_KEEP_OUTPUTS.  Only a verdict given now
+    comes here, which is the first of its test in this run (the one that stands), so whatever the file held is
+    replaced; a failure to keep them never costs the verdict."""
+    folder = record.name.removesuffix(".jsonl") + ".outputs" if record is not None else \
+        os.environ.get("ATTNCOURSE_KEEP_OUTPUTS")
+    if not folder:
+        return
+    path = os.path.join(folder, f"{test_id}.npz")
+    try:
+        import numpy as np
+        os.makedirs(folder, exist_ok=True)
+        results = json.dumps(answer.get("results", [])).encode()
+        with open(f"{path}.{os.getpid()}", "wb") as f:
+            np.savez_compressed(f, __results__=np.frombuffer(results, dtype=np.uint8), **got)
+        os.replace(f"{path}.{os.getpid()}", path)
+    except Exception:
+        pass
 
 
 def _serve_connection(conn, channel):
