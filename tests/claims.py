@@ -147,8 +147,10 @@ CLAIMS = {
               lambda out: min(numbers(r"validation loss: .*bigram ([\d.]+)", out)[0],
                               numbers(r"validation loss: .*1-layer GPT ([\d.]+)", out)[0])
               > numbers(r"validation loss: target GPT ([\d.]+)", out)[0] + 0.1),
-        Claim("With the bigram, for $k$ of 2 and more, speculative sampling is faster than sampling from the target "
-              "alone", "bigram = Bigram(", lambda out: all(row(out, f"bigram, k = {k}")[-1] > 1 for k in (2, 4, 8))),
+        # At k = 8 the bigram's speed-up was 0.94x and 0.99x on a busy machine (1.23x to 1.44x idle): the text
+        # claims k = 2 and 4, with a tenth to spare (1.46x and 1.27x in the run that showed 0.99x).
+        Claim("With the bigram, for $k$ of 2 and 4, speculative sampling is faster than sampling from the target "
+              "alone", "bigram = Bigram(", lambda out: all(row(out, f"bigram, k = {k}")[-1] > 1.1 for k in (2, 4))),
         # A timing claim holds with a margin a busy machine cannot erase: at k = 1 the two speed-ups were once
         # 1% apart (0.89x against 0.88x), so the text claims k >= 2 only, and "clearly": at least 15% apart.
         Claim("With the one-layer GPT it is clearly slower than with the bigram for $k$ of 2 and more, although the "

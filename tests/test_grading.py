@@ -423,8 +423,10 @@ def test_a_case_builder_that_raises_is_a_grading_error_and_the_session_goes_on(t
         _wire.send(wfile, {"test": "ch02.causal_mask"})
         reply, _ = _wire.recv(rfile)
         assert reply["cases"]                                   # still serving
+        b.shutdown(socket.SHUT_RDWR)        # the reader and writer files hold the socket open: close() is no EOF
         b.close()
         thread.join(timeout=30)
+        assert not thread.is_alive(), "the session did not end when its client hung up"
         entries = [json.loads(line) for line in open(tmp_path / "record.jsonl")]
         assert any(e.get("grading_error", "").startswith("ZeroDivisionError") for e in entries)
     finally:
