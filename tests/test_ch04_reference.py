@@ -73,3 +73,50 @@ def test_relative_position_index_and_bias():
         for i in range(3):
             for j in range(3):
                 assert torch.allclose(out[:, h, i, j] - s[:, h, i, j], rb.table[i - j + 4, h])
+
+
+# ---- RoPE past the trained length: position interpolation, NTK-aware scaling, YaRN ----
+@pytest.mark.parametrize("d, factor, original, base", [(64, 4.0, 2048, 1e4), (128, 8.0, 4096, 5e5), (16, 2.0, 64, 1e4),
+                                                       (32, 16.0, 128, 1e4), (8, 1.5, 32, 100.0)])
+def test_scaled_frequencies_match_hugging_face(d, factor, original, base):
+    """Against transformers' own implementations (its 'linear' is position interpolation)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    yarn = LlamaConfig(hidden_size=2 * d, num_attention_heads=2, max_position_embeddings=int(original * factor),
+                       rope_parameters={"rope_type": "yarn", "rope_theta": base, "factor": factor,
+                                        "original_max_position_embeddings": original})
+    theirs, their_scale = ROPE_INIT_FUNCTIONS["yarn"](yarn, "cpu")
+    ours, scale = ref.yarn_inv_freq(d, factor, original, base)
+    torch.testing.assert_close(ours, theirs.double(), rtol=1e-6, atol=0)       # theirs is float32
+    assert scale == pytest.approx(their_scale, rel=1e-12)
+    linear = LlamaConfig(hidden_size=2 * d, num_attention_heads=2,
+                         rope_parameters={"rope_type": "linear", "rope_theta": base, "factor": factor})
+    theirs, _ = ROPE_INIT_FUNCTIONS["linear"](linear, "cpu")
+    torch.testing.assert_close(ref.interpolated_inv_freq(d, factor, base), theirs.double(), rtol=1e-6, atol=0)
+
+
+@given(half_d=st.integers(2, 64), factor=st.floats(1.0, 64.0), base=st.sampled_from([100.0, 1e4, 5e5]))
+@settings(max_examples=60, deadline=None)
+def test_ntk_scaling_keeps_the_fastest_pair_and_slows_the_slowest_by_the_factor(half_d, factor, base):
+    d = 2 * half_d
+    w, ntk = ref.rope_inv_freq(d, base), ref.ntk_inv_freq(d, factor, base)
+    assert ntk[0].item() == pytest.approx(w[0].item(), rel=1e-12)
+    assert ntk[-1].item() == pytest.approx(w[-1].item() / factor, rel=1e-9)
+    ratio = w / ntk                                   # how much each pair is slowed: from 1 up to the factor
+    assert bool((ratio[1:] >= ratio[:-1] * (1 - 1e-12)).all()) and bool((ratio <= factor * (1 + 1e-9)).all())
+
+
+@given(half_d=st.integers(4, 64), factor=st.floats(1.0, 64.0), original=st.integers(16, 8192))
+@settings(max_examples=60, deadline=None)
+def test_yarn_keeps_fast_pairs_interpolates_slow_ones_and_ramps_between(half_d, factor, original):
+    d, base = 2 * half_d, 1e4
+    w = ref.rope_inv_freq(d, base)
+    ours, scale = ref.yarn_inv_freq(d, factor, original, base)
+    turns = original * w / (2 * math.pi)              # how many times each pair turns over the trained length
+    fast, slow = turns > 33, turns < 0.5               # beyond the ramp's ends, with a margin for its rounding
+    torch.testing.assert_close(ours[fast], w[fast], rtol=1e-12, atol=0)
+    torch.testing.assert_close(ours[slow], w[slow] / factor, rtol=1e-12, atol=0)
+    ratio = w / ours
+    assert bool((ratio >= 1 - 1e-12).all()) and bool((ratio <= factor * (1 + 1e-12)).all())
+    assert bool((ratio[1:] >= ratio[:-1] * (1 - 1e-12)).all())          # slower pairs are interpolated more
+    assert scale == pytest.approx(1 + 0.1 * math.log(factor) if factor > 1 else 1.0)

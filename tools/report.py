@@ -355,6 +355,9 @@ def main(argv=None):
         chapters = sorted(p.name for p in (root / "verdicts").iterdir() if p.is_dir())
     if not chapters:
         raise SystemExit(f"nothing graded under {root} (no verdicts/): run make autograde first")
+    for chapter in chapters:
+        if not (root / "verdicts" / chapter).is_dir() or not (root / "chapters" / chapter).is_dir():
+            raise SystemExit(f"{chapter} has not been graded under {root}: run make autograde CH={chapter} first")
     from attncourse.i18n import language, translate
     # The zoo's cases are the class's: the course's salt, and a grading server of this process's own that keeps
     # the outputs of every failed verdict (started at the first hidden test, with this environment).

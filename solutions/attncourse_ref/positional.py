@@ -66,6 +66,48 @@ def apply_rope(x, positions):
     return out.flatten(-2)
 
 
+# ---- longer contexts than trained: RoPE's frequencies, rescaled (issue 34; the chapter's exercise is to come) ----
+def rope_inv_freq(d, base=10000.0):
+    """RoPE's frequencies w_i = base^(-2i/d), i = 0 .. d/2 - 1, as float64 [d/2] (apply_rope's, for base 10000)."""
+    return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+
+def interpolated_inv_freq(d, factor, base=10000.0):
+    """Position interpolation (Chen et al., 2023): a position m is read as m / s, so that s times the trained
+    length maps onto the trained range; the same as every frequency divided by s."""
+    return rope_inv_freq(d, base) / factor
+
+
+def ntk_inv_freq(d, factor, base=10000.0):
+    """NTK-aware scaling (bloc97, 2023): the base raised to base * s^(d / (d - 2)).  The fastest pair (i = 0)
+    keeps its frequency, the slowest (i = d/2 - 1) is divided by exactly s, and those between by less."""
+    return rope_inv_freq(d, base * factor ** (d / (d - 2)))
+
+
+def yarn_inv_freq(d, factor, original_max, base=10000.0, beta_fast=32.0, beta_slow=1.0):
+    """YaRN (Peng et al., 2023): (frequencies [d/2] float64, attention factor).
+
+    A pair that turns more than beta_fast times over the trained length ``original_max`` keeps its frequency
+    (it has seen every angle), one that turns fewer than beta_slow times is interpolated (divided by s), and a
+    linear ramp over the pair index joins the two.  The ramp's ends are the pair indices where a pair turns
+    exactly beta_fast and beta_slow times, floored and ceiled (as the reference code and Hugging Face do).
+    The attention factor 0.1 ln s + 1 multiplies the rotated queries and keys (cos and sin), so the logits
+    are scaled by its square: YaRN's temperature, sqrt(1/t) = 0.1 ln s + 1.
+    """
+    import math
+
+    def pair_turning(times):         # the pair index i where original_max * w_i = times * 2 pi
+        return d * math.log(original_max / (times * 2 * math.pi)) / (2 * math.log(base))
+    low = max(math.floor(pair_turning(beta_fast)), 0)
+    high = min(math.ceil(pair_turning(beta_slow)), d - 1)
+    if low == high:
+        high += 0.001                 # a ramp of width zero: a step
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)   # 0 keep .. 1 interpolate
+    w = rope_inv_freq(d, base)
+    scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return w * (1 - ramp) + (w / factor) * ramp, scale
+
+
 def relative_position_index(n, max_len):
     """[n, n] int64: entry (i, j) = (i - j) + max_len - 1, the row of the bias table for query i, key j.
 
