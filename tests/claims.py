@@ -69,6 +69,28 @@ CLAIMS = {
         Claim("the equivariance gap jumps from rounding error (about 1e-16) to about 0.2",
               "attn = nn.MultiheadAttention(16, 2",
               lambda out: row(out, "attention alone:")[0] < 1e-12 and 0.1 <= row(out, "attention after x + PE:")[0] < 0.35),
+        # §4.8: the rows are the loss per block of 64 positions (at 4x: before, then after the fine-tune).
+        Claim("Without scaling, the model reads twice its trained length almost as well as the trained part, but at "
+              "four times its loss climbs in the second half", "class RopeLM",
+              lambda out: row(out, "2x no scaling")[1] - row(out, "2x no scaling")[0] < 0.15
+              and min(row(out, "4x no scaling")[2:4]) > row(out, "4x no scaling")[0] + 0.4),
+        Claim("Position interpolation without fine-tuning is the worst of the four, even on the first 64 positions",
+              "class RopeLM", lambda out: all(row(out, "4x position interpolation")[0] > row(out, f"4x {m}")[0] + 0.3
+                                              for m in ("no scaling", "NTK-aware", "YaRN"))),
+        Claim("NTK-aware scaling and YaRN keep the loss at four times the length within 0.25 of their loss on the "
+              "first 64 positions, without any fine-tuning", "class RopeLM",
+              lambda out: all(max(row(out, f"4x {m}")[:4]) - row(out, f"4x {m}")[0] < 0.25 for m in ("NTK-aware", "YaRN"))),
+        Claim("NTK-aware scaling and YaRN held their loss at four times the length without fine-tuning, and position "
+              "interpolation did worst, even on the trained positions", "class RopeLM",      # the summary's
+              lambda out: all(max(row(out, f"4x {m}")[:4]) - row(out, f"4x {m}")[0] < 0.25 for m in ("NTK-aware", "YaRN"))
+              and all(row(out, "4x position interpolation")[0] > row(out, f"4x {m}")[0] + 0.3
+                      for m in ("no scaling", "NTK-aware", "YaRN"))),
+        Claim("Twenty fine-tuning steps at the longer length lower every method's loss, and position interpolation "
+              "stays the worst", "class RopeLM",
+              lambda out: all(sum(row(out, f"4x {m}")[4:8]) < sum(row(out, f"4x {m}")[:4]) - 0.08
+                              for m in ("no scaling", "position interpolation", "NTK-aware", "YaRN"))
+              and all(sum(row(out, "4x position interpolation")[4:8]) > sum(row(out, f"4x {m}")[4:8]) + 0.4
+                      for m in ("no scaling", "NTK-aware", "YaRN"))),
     ],
     "ch05": [
         Claim("Both models learn the task, and both end above 99% exact match on the 1,000 held-out dates",

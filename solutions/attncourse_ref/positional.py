@@ -68,20 +68,22 @@ def apply_rope(x, positions):
 
 # ---- longer contexts than trained: RoPE's frequencies, rescaled (issue 34; the chapter's exercise is to come) ----
 def rope_inv_freq(d, base=10000.0):
-    """RoPE's frequencies w_i = base^(-2i/d), i = 0 .. d/2 - 1, as float64 [d/2] (apply_rope's, for base 10000)."""
+    """RoPE's frequencies w_i = base^(-2i/d), i = 0 .. d/2 - 1, as float64 [d/2] (apply_rope's, for base 10000).
+    The graded functions below write them out again: a solution body must stand alone in the learner's cell."""
     return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
 
 
 def interpolated_inv_freq(d, factor, base=10000.0):
     """Position interpolation (Chen et al., 2023): a position m is read as m / s, so that s times the trained
     length maps onto the trained range; the same as every frequency divided by s."""
-    return rope_inv_freq(d, base) / factor
+    return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d) / factor
 
 
 def ntk_inv_freq(d, factor, base=10000.0):
     """NTK-aware scaling (bloc97, 2023): the base raised to base * s^(d / (d - 2)).  The fastest pair (i = 0)
     keeps its frequency, the slowest (i = d/2 - 1) is divided by exactly s, and those between by less."""
-    return rope_inv_freq(d, base * factor ** (d / (d - 2)))
+    stretched = base * factor ** (d / (d - 2))
+    return stretched ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
 
 
 def yarn_inv_freq(d, factor, original_max, base=10000.0, beta_fast=32.0, beta_slow=1.0):
@@ -103,7 +105,7 @@ def yarn_inv_freq(d, factor, original_max, base=10000.0, beta_fast=32.0, beta_sl
     if low == high:
         high += 0.001                 # a ramp of width zero: a step
     ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)   # 0 keep .. 1 interpolate
-    w = rope_inv_freq(d, base)
+    w = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
     return w * (1 - ramp) + (w / factor) * ramp, scale
 

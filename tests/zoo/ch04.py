@@ -171,3 +171,103 @@ def bias_heads_last(self, scores):
 def bias_shared(self, scores):
     n = scores.shape[-1]
     return scores + self.table[relative_position_index(n, self.max_len)][..., 0]
+
+
+# ---- RoPE past the trained length: interpolated_inv_freq, ntk_inv_freq, yarn_inv_freq ---------------------
+@_add("interpolation multiplying the frequencies by s", "interpolated_inv_freq", {"test_interpolated_inv_freq"},
+      "check_interpolated_inv_freq", "multiplied the frequencies by s")
+def interpolated_times_factor(d, factor, base=10000.0):
+    return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d) * factor
+
+
+@_add("interpolation by the base times s", "interpolated_inv_freq", {"test_interpolated_inv_freq"},
+      "check_interpolated_inv_freq", "multiplied the base by s")
+def interpolated_base_times_factor(d, factor, base=10000.0):
+    return (base * factor) ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+
+@_add("interpolation in float32", "interpolated_inv_freq", {"test_interpolated_inv_freq"},
+      "check_interpolated_inv_freq", "float64")
+def interpolated_float32(d, factor, base=10000.0):
+    return base ** (-torch.arange(0, d, 2, dtype=torch.float32) / d) / factor
+
+
+@_add("NTK as position interpolation", "ntk_inv_freq", {"test_ntk_inv_freq"}, "check_ntk_inv_freq",
+      "position interpolation")
+def ntk_as_interpolation(d, factor, base=10000.0):
+    return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d) / factor
+
+
+@_add("NTK with the base times s", "ntk_inv_freq", {"test_ntk_inv_freq"}, "check_ntk_inv_freq",
+      "multiplied the base by s")
+def ntk_base_times_factor(d, factor, base=10000.0):
+    return (base * factor) ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+
+@_add("NTK with the exponent (d - 2) / d", "ntk_inv_freq", {"test_ntk_inv_freq"}, "check_ntk_inv_freq",
+      "not (d - 2) / d")
+def ntk_inverse_exponent(d, factor, base=10000.0):
+    return (base * factor ** ((d - 2) / d)) ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+
+YARN = {"test_yarn_inv_freq"}
+
+
+@_add("YaRN's ramp reversed", "yarn_inv_freq", YARN, "check_yarn_inv_freq", "wrong way")
+def yarn_reversed(d, factor, original_max, base=10000.0, beta_fast=32.0, beta_slow=1.0):
+    import math
+    low = max(math.floor(d * math.log(original_max / (beta_fast * 2 * math.pi)) / (2 * math.log(base))), 0)
+    high = min(math.ceil(d * math.log(original_max / (beta_slow * 2 * math.pi)) / (2 * math.log(base))), d - 1)
+    if low == high:
+        high += 0.001
+    keep = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    w = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    return w * keep + (w / factor) * (1 - keep), 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+@_add("YaRN's ramp ends not rounded", "yarn_inv_freq", YARN, "check_yarn_inv_freq", "rounded outwards")
+def yarn_exact_ends(d, factor, original_max, base=10000.0, beta_fast=32.0, beta_slow=1.0):
+    import math
+    low = d * math.log(original_max / (beta_fast * 2 * math.pi)) / (2 * math.log(base))
+    high = d * math.log(original_max / (beta_slow * 2 * math.pi)) / (2 * math.log(base))
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    w = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    return w * (1 - ramp) + (w / factor) * ramp, 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+@_add("YaRN counting turns over s times the trained length", "yarn_inv_freq", YARN, "check_yarn_inv_freq",
+      "not over s * original_max")
+def yarn_new_length(d, factor, original_max, base=10000.0, beta_fast=32.0, beta_slow=1.0):
+    import math
+    span = factor * original_max
+    low = max(math.floor(d * math.log(span / (beta_fast * 2 * math.pi)) / (2 * math.log(base))), 0)
+    high = min(math.ceil(d * math.log(span / (beta_slow * 2 * math.pi)) / (2 * math.log(base))), d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    w = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    return w * (1 - ramp) + (w / factor) * ramp, 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+@_add("YaRN's attention factor as its square root", "yarn_inv_freq", YARN, "check_yarn_inv_freq", "its square")
+def yarn_scale_unsquared(d, factor, original_max, base=10000.0, beta_fast=32.0, beta_slow=1.0):
+    import math
+    low = max(math.floor(d * math.log(original_max / (beta_fast * 2 * math.pi)) / (2 * math.log(base))), 0)
+    high = min(math.ceil(d * math.log(original_max / (beta_slow * 2 * math.pi)) / (2 * math.log(base))), d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    w = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    return w * (1 - ramp) + (w / factor) * ramp, math.sqrt(0.1 * math.log(factor) + 1.0)
+
+
+@_add("YaRN's attention factor inverted", "yarn_inv_freq", YARN, "check_yarn_inv_freq", "not flatter")
+def yarn_scale_inverse(d, factor, original_max, base=10000.0, beta_fast=32.0, beta_slow=1.0):
+    import math
+    low = max(math.floor(d * math.log(original_max / (beta_fast * 2 * math.pi)) / (2 * math.log(base))), 0)
+    high = min(math.ceil(d * math.log(original_max / (beta_slow * 2 * math.pi)) / (2 * math.log(base))), d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    w = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    return w * (1 - ramp) + (w / factor) * ramp, 1 / (0.1 * math.log(factor) + 1.0)

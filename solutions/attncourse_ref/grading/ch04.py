@@ -91,6 +91,37 @@ def relative_position_bias(rng):
     return cases
 
 
+# ---- RoPE past the trained length: frequencies as float64 [d/2] (and YaRN's attention factor) ----
+def _scaling_settings(rng, i):
+    """(d, factor, base): head sizes from 4 to 128, factors whole and not, from 1 (no scaling) to 40."""
+    d = [8, 16, 64, 128, 4, 32, 96, 24, 48, 128][i % 10] if i < 10 else 2 * int(rng.integers(2, 65))
+    factor = 1.0 if i == 0 else float(_pick(rng, [2.0, 4.0, 8.0, 16.0, 32.0])) if i % 2 else float(rng.uniform(1.2, 40.0))
+    base = float(_pick(rng, [10000.0, 500000.0, 1000000.0, 100.0])) if i > 1 else 10000.0
+    return d, factor, base
+
+
+@hidden_test("ch04.interpolated_inv_freq")
+def interpolated_inv_freq(rng):
+    return [function_case(ref.interpolated_inv_freq, list(_scaling_settings(rng, i))) for i in range(8)]
+
+
+@hidden_test("ch04.ntk_inv_freq")
+def ntk_inv_freq(rng):
+    return [function_case(ref.ntk_inv_freq, list(_scaling_settings(rng, i))) for i in range(8)]
+
+
+@hidden_test("ch04.yarn_inv_freq")
+def yarn_inv_freq(rng):
+    cases = []
+    for i in range(12):
+        d, factor, base = _scaling_settings(rng, i)
+        original = int(_pick(rng, [32, 64, 512, 2048, 4096, 8192])) if i else 64
+        kwargs = {"beta_fast": float(_pick(rng, [8.0, 16.0, 64.0])), "beta_slow": float(_pick(rng, [0.5, 2.0]))} \
+            if i % 4 == 3 else {}
+        cases.append(function_case(ref.yarn_inv_freq, [d, factor, original, base], kwargs))
+    return cases
+
+
 # Known mistakes, computed here so the visible checks can recognise them from stored values
 # (learner-side code must not contain the formulas themselves).
 def _mistaken_table(pos, d, first=0, sin_even=True, halves=False, per_dim=False):
@@ -118,8 +149,27 @@ def _mistaken_rope(x, positions, halves=False, sign=1.0):
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
 
+def _mistaken_yarn(d, factor, original, base=10000.0, reverse=False, exact_ends=False, turns_over=None,
+                   scale=None):
+    """YaRN with one of its known mistakes (the visible check names each)."""
+    import math
+    span = turns_over or original
+
+    def pair_turning(times):
+        return d * math.log(span / (times * 2 * math.pi)) / (2 * math.log(base))
+    low, high = pair_turning(32.0), pair_turning(1.0)
+    if not exact_ends:
+        low, high = max(math.floor(low), 0), min(math.ceil(high), d - 1)
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    if reverse:
+        ramp = 1 - ramp
+    w = ref.rope_inv_freq(d, base)
+    return w * (1 - ramp) + (w / factor) * ramp, (0.1 * math.log(factor) + 1.0 if scale is None else scale)
+
+
 def check_data():
     """Fixed cases for the visible checks (tools/make_check_data.py writes them)."""
+    import math
     torch.manual_seed(0)
     pe = ref.sinusoidal_table(6, 8)
     emb = ref.LearnedPositionalEmbedding(5, 3).double()
@@ -145,6 +195,19 @@ def check_data():
                               "reversed": _mistaken_rope(rope_x, rope_pos, sign=-1.0),
                               "positions_ignored": _mistaken_rope(rope_x, torch.arange(3))}},
         "relative_index_3_4": ref.relative_position_index(3, 4),
+        # d = 16, s = 4, base 10000 (YaRN: trained on 64 positions): the page's model's heads
+        "scaling": {
+            "interpolated": ref.interpolated_inv_freq(16, 4.0), "ntk": ref.ntk_inv_freq(16, 4.0),
+            "yarn": ref.yarn_inv_freq(16, 4.0, 64)[0], "yarn_scale": ref.yarn_inv_freq(16, 4.0, 64)[1],
+            "yarn_2048": ref.yarn_inv_freq(64, 8.0, 2048)[0],
+            "mistakes": {
+                "times_factor": ref.rope_inv_freq(16) * 4.0, "base_times_factor": ref.rope_inv_freq(16, 40000.0),
+                "ntk_inverse_exponent": ref.rope_inv_freq(16, 10000.0 * 4.0 ** (14 / 16)),
+                "yarn_reversed": _mistaken_yarn(16, 4.0, 64, reverse=True)[0],
+                "yarn_exact_ends": _mistaken_yarn(64, 8.0, 2048, exact_ends=True)[0],
+                "yarn_new_length": _mistaken_yarn(64, 8.0, 2048, turns_over=8 * 2048)[0],
+                "scale_unsquared": math.sqrt(0.1 * math.log(4.0) + 1.0),
+                "scale_inverse": 1 / (0.1 * math.log(4.0) + 1.0)}},
         "bias": {"init": {"max_len": 4, "n_heads": 2}, "state": dict(rb.state_dict()), "scores": scores,
                  "output": rb(scores)},
     }

@@ -170,3 +170,93 @@ def check_relative_position_bias(cls):
         fail("the table lookup gives [N, N, heads]: permute it to [heads, N, N] (a reshape mixes heads and "
              "positions)")
     fail(f"output differs from scores + B (max error {max_error(out, expected):.3g})")
+
+
+# ---- RoPE past the trained length (section 4.8): d = 16 and s = 4, the page's model's heads ----
+STORED = 1e-9        # the stored frequencies keep 10 decimals; every known mistake is off by far more
+
+
+def _frequencies(fn, name, args, what):
+    require_callable(fn, name)
+    w = expect_tensor(call(fn, *args, what=what), what, shape=(args[0] // 2,))
+    if w.dtype != torch.float64:
+        fail(f"{name} should return float64 frequencies (compute them in float64), got {w.dtype}")
+    return w
+
+
+def check_interpolated_inv_freq(fn):
+    """Check interpolated_inv_freq(d, factor, base=10000.0) -> float64 [d/2]: every frequency divided by s."""
+    c = _data()["scaling"]
+    w = _frequencies(fn, "interpolated_inv_freq", (16, 4.0), "interpolated_inv_freq(16, 4.0)")
+    wrong = {k: tensor(v) for k, v in c["mistakes"].items()}
+    if close(w, wrong["times_factor"], atol=STORED):
+        fail("you multiplied the frequencies by s; reading position m as m / s divides every frequency by s")
+    if close(w, wrong["base_times_factor"], atol=STORED):
+        fail("you multiplied the base by s, which slows the pairs unevenly; position interpolation divides "
+             "every frequency by s: w_i / s")
+    if not close(w, tensor(c["interpolated"]), atol=STORED):
+        fail(f"interpolated_inv_freq(16, 4.0) differs from the expected values (max error "
+             f"{max_error(w, tensor(c['interpolated'])):.3g}); it is 10000^(-2i/d) / s for i = 0 .. d/2 - 1")
+    ok("position interpolation: every frequency divided by s")
+
+
+def check_ntk_inv_freq(fn):
+    """Check ntk_inv_freq(d, factor, base=10000.0) -> float64 [d/2]: the base raised to base * s^(d/(d-2))."""
+    c = _data()["scaling"]
+    w = _frequencies(fn, "ntk_inv_freq", (16, 4.0), "ntk_inv_freq(16, 4.0)")
+    wrong = {k: tensor(v) for k, v in c["mistakes"].items()}
+    if close(w, tensor(c["interpolated"]), atol=STORED):
+        fail("that is position interpolation (every frequency divided by s); NTK-aware scaling changes the base "
+             "instead, to base * s^(d / (d - 2)), so the fastest pair keeps its frequency")
+    if close(w, wrong["base_times_factor"], atol=STORED):
+        fail("you multiplied the base by s; the exponent d / (d - 2) is what makes the slowest pair slow down "
+             "by exactly s: base * s^(d / (d - 2))")
+    if close(w, wrong["ntk_inverse_exponent"], atol=STORED):
+        fail("the exponent is d / (d - 2), not (d - 2) / d: base * s^(d / (d - 2))")
+    if not close(w, tensor(c["ntk"]), atol=STORED):
+        fail(f"ntk_inv_freq(16, 4.0) differs from the expected values (max error "
+             f"{max_error(w, tensor(c['ntk'])):.3g}); use base * s^(d / (d - 2)) in place of the base")
+    ok(f"NTK-aware scaling: the fastest pair keeps w_0 = {float(w[0]):g}, the slowest is divided by "
+       f"{float(tensor(c['interpolated'])[-1] * 4.0 / w[-1]):.3g}")
+
+
+def check_yarn_inv_freq(fn):
+    """Check yarn_inv_freq(d, factor, original_max, ...) -> (float64 [d/2], attention factor)."""
+    c = _data()["scaling"]
+    require_callable(fn, "yarn_inv_freq")
+    out = call(fn, 16, 4.0, 64, what="yarn_inv_freq(16, 4.0, 64)")
+    if not isinstance(out, tuple) or len(out) != 2:
+        fail("yarn_inv_freq should return a pair: (frequencies, attention factor)")
+    w = expect_tensor(out[0], "yarn_inv_freq(16, 4.0, 64)[0]", shape=(8,))
+    if w.dtype != torch.float64:
+        fail(f"yarn_inv_freq should return float64 frequencies (compute them in float64), got {w.dtype}")
+    scale = float(out[1])
+    wrong = {k: tensor(v) if not isinstance(v, float) else v for k, v in c["mistakes"].items()}
+    if close(w, wrong["yarn_reversed"], atol=STORED):
+        fail("the ramp runs the wrong way: pairs that turn many times over the trained length keep their "
+             "frequency, and pairs that turn less than once are interpolated (divided by s)")
+    if close(w, tensor(c["interpolated"]), atol=STORED):
+        fail("every frequency is divided by s (position interpolation); YaRN keeps the pairs that turn more than "
+             "beta_fast times over original_max and ramps between the two ends")
+    w2 = expect_tensor(call(fn, 64, 8.0, 2048, what="yarn_inv_freq(64, 8.0, 2048)")[0],
+                       "yarn_inv_freq(64, 8.0, 2048)[0]", shape=(32,))
+    if close(w2, wrong["yarn_exact_ends"], atol=STORED):
+        fail("the ramp's ends are pair indices rounded outwards: floor the beta_fast end and ceil the beta_slow "
+             "end (YaRN's code and Hugging Face do), then clamp them to [0, d - 1]")
+    if close(w2, wrong["yarn_new_length"], atol=STORED):
+        fail("count a pair's turns over the trained length original_max, not over s * original_max: the ramp "
+             "asks which angles training has seen")
+    if not close(w, tensor(c["yarn"]), atol=STORED):
+        fail(f"yarn_inv_freq(16, 4.0, 64) differs from the expected frequencies (max error "
+             f"{max_error(w, tensor(c['yarn'])):.3g})")
+    if not close(w2, tensor(c["yarn_2048"]), atol=STORED):
+        fail(f"yarn_inv_freq(64, 8.0, 2048) differs from the expected frequencies (max error "
+             f"{max_error(w2, tensor(c['yarn_2048'])):.3g})")
+    if abs(scale - wrong["scale_unsquared"]) < 1e-9:
+        fail("the attention factor is 0.1 ln s + 1 itself: it multiplies both the queries and the keys, so the "
+             "logits grow by its square")
+    if abs(scale - wrong["scale_inverse"]) < 1e-9:
+        fail("the attention factor is 0.1 ln s + 1, above 1: the logits get sharper at longer contexts, not flatter")
+    if abs(scale - c["yarn_scale"]) > 1e-9:
+        fail(f"the attention factor for s = 4 should be 0.1 ln 4 + 1 = {c['yarn_scale']:.6f}, got {scale:.6f}")
+    ok(f"YaRN: fast pairs kept, slow pairs interpolated, a ramp between; attention factor {scale:.4f} for s = 4")
