@@ -40,7 +40,6 @@ import fakeclass  # noqa: E402
 import nbtools  # noqa: E402
 
 NOT_ATTEMPTED, NOT_DIAGNOSED, NO_FAILED_TEST = "(not attempted)", "(not diagnosed)", "(lost in the test cell)"
-TOLERANCE = {8: (1e-7, 1e-9), 4: (1e-4, 1e-5), 2: (1e-2, 1e-3)}     # by the float's size in bytes
 POOR_DISCRIMINATION = 0.2
 
 
@@ -62,7 +61,9 @@ def kept_outputs(path):
 
 
 def same_outputs(a, b):
-    """Whether two codes' kept outputs agree on every case: the same exceptions, shapes, dtypes and values."""
+    """Whether two codes' kept outputs agree on every case: the same exceptions, shapes, dtypes, and values within
+    the tolerance the grading server compares a dtype with."""
+    from attncourse_ref.grading import TOLERANCE
     (ra, xa), (rb, xb) = a, b
     if len(ra) != len(rb):
         return False
@@ -80,7 +81,7 @@ def same_outputs(a, b):
             if g is None or e is None or g.shape != e.shape or g.dtype != e.dtype:
                 return False
             if g.dtype.kind in "fc":
-                rtol, atol = TOLERANCE.get(g.dtype.itemsize, TOLERANCE[2])
+                rtol, atol = TOLERANCE.get(g.dtype, (1e-5, 1e-6))
                 if not (np.array_equal(np.isnan(g), np.isnan(e))
                         and np.allclose(np.nan_to_num(g), np.nan_to_num(e), rtol=rtol, atol=atol)):
                     return False
@@ -205,8 +206,9 @@ def item_analysis(data):
     return found
 
 
-def _figure(draw, language, height=2.6):
-    """A PNG (base64) drawn by ``draw(ax)``, with a CJK font where the labels are Chinese; counts on integer ticks."""
+def _figure(draw, language, counts, height=2.6):
+    """A PNG (base64) drawn by ``draw(ax)``, with a CJK font where the labels are Chinese; the ``counts`` axis ("x" or
+    "y") on whole numbers."""
     from matplotlib.ticker import MaxNLocator
     from matplotlib.figure import Figure
     from attncourse.lab.train import _cjk_font
@@ -216,8 +218,7 @@ def _figure(draw, language, height=2.6):
         fig = Figure(figsize=(6.4, height), dpi=100)
         ax = fig.add_subplot()
         draw(ax)
-        (ax.yaxis if ax.patches and ax.patches[0].get_width() < ax.patches[0].get_height() else ax.xaxis)\
-            .set_major_locator(MaxNLocator(integer=True))
+        getattr(ax, f"{counts}axis").set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
@@ -249,7 +250,7 @@ def render(data, anonymous, out):
         totals = [sum(s.values()) for s in scores.values()]
         score_label, count_label = translate("chapter score"), translate("number of students")
         parts.append(_img(_figure(lambda ax: (ax.hist(totals, bins=np.arange(0, total + 2) - 0.5, color="#4c72b0"),
-                                              ax.set_xlabel(score_label), ax.set_ylabel(count_label)), lang),
+                                              ax.set_xlabel(score_label), ax.set_ylabel(count_label)), lang, "y"),
                           translate(f"histogram of the scores out of {total:g}")))
     analysis = item_analysis(data)
     head = [translate("test cell"), translate("max points"), translate("difficulty (mean share)"), translate("full marks"),
@@ -284,7 +285,8 @@ def render(data, anonymous, out):
         counts = [len(groups[m]) for m in order]
         parts.append(_img(_figure(lambda ax: (ax.barh(range(len(order))[::-1], counts, color="#c44e52"),
                                               ax.set_yticks(range(len(order))[::-1], [lb[:48] for lb in labels]),
-                                              ax.set_xlabel(translate("number of students"))), lang, 0.8 + 0.28 * len(order)),
+                                              ax.set_xlabel(translate("number of students"))), lang, "x",
+                                  0.8 + 0.28 * len(order)),
                           translate(f"one bar per mistake in {cell}")))
         head = [translate("mistake id"), translate("what the visible check says"), translate("number of students"),
                 translate("share of class")]
