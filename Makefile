@@ -46,6 +46,10 @@ $(STAMP): requirements.txt utils/pyproject.toml solutions/pyproject.toml
 	@echo "Installing the pinned packages into $(VENV) (a few minutes the first time)..."
 	$(BIN)/python -m pip install -qq -r requirements.txt
 	$(BIN)/python -m pip install -qq --no-deps -e utils -e solutions
+	@# rfc3987-syntax (jupyter-events' jsonschema[format-nongpl]) compiles a grammar whenever jsonschema is
+	@# imported: 1 s of every process that reads a notebook (nbformat), hundreds in the test suite.  Nothing here
+	@# validates IRIs, and jsonschema goes on without it.
+	$(BIN)/python -m pip uninstall -qq -y rfc3987-syntax
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 

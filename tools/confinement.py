@@ -30,9 +30,11 @@ def ensure_kernelspec():
     """Install the confined kernelspec into this environment (idempotent)."""
     # The provisioner gives each kernel Unix-socket channels in a folder of its own, which lets the
     # kernel live in a private network namespace.  log_level=ERROR: ipykernel's warnings (e.g. that
-    # its channels are not encrypted; no other kernel can reach them) would print once per student.
+    # its channels are not encrypted; no other kernel can reach them) would print once per student.  xmode=Plain:
+    # a traceback as Python prints it, each frame's line of code and the error (IPython's default, Context, has
+    # stack_data parse and pygments colour every frame's scope: a third of a failing student's kernel time).
     spec = {"argv": [sys.executable, "-m", "attncourse.sandbox", "-f", "{connection_file}",
-                     "--IPKernelApp.log_level=ERROR", "--ext=attncourse.diagnose"],
+                     "--IPKernelApp.log_level=ERROR", "--InteractiveShell.xmode=Plain", "--ext=attncourse.diagnose"],
             "display_name": "Python 3 (attncourse grading sandbox)", "language": "python",
             "metadata": {"debugger": False,
                          "kernel_provisioner": {"provisioner_name": PROVISIONER}}}
@@ -94,8 +96,10 @@ def _start_zygote(path):
     if not sys.platform.startswith("linux") or os.environ.get("ATTNCOURSE_KERNEL_ZYGOTE") == "0":
         return
     from attncourse.sandbox import kernel_environment
+    # MPLCONFIGDIR: the zygote imports matplotlib once, from the font cache every kernel would copy.
+    env = dict(kernel_environment(os.environ), MPLCONFIGDIR=os.environ["ATTNCOURSE_MPL_CACHE"])
     _zygote = subprocess.Popen([sys.executable, "-m", "attncourse.zygote", path], stdin=subprocess.PIPE,
-                               env=kernel_environment(os.environ), cwd=tempfile.gettempdir())
+                               env=env, cwd=tempfile.gettempdir())
     if _started(_zygote, path):
         os.environ["ATTNCOURSE_ZYGOTE"] = path
     else:

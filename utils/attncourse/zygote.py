@@ -61,6 +61,8 @@ def _kernel(request, fds):
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        if "matplotlib" in sys.modules:                  # imported by _warm, before this kernel's environment
+            sys.modules["matplotlib"].rcParams["backend"] = os.environ.get("MPLBACKEND") or INLINE
         # The learner package is imported afresh, under this kernel's environment (GRADING, the language).
         for name in [m for m in sys.modules if m == "attncourse" or m.startswith("attncourse.")]:
             del sys.modules[name]
@@ -86,6 +88,24 @@ def _kernel(request, fds):
             os._exit(code)
 
 
+INLINE = "module://matplotlib_inline.backend_inline"        # ipykernel's default backend
+
+
+def _warm():
+    """Do once what every kernel would otherwise repeat (about 0.8 s of a fake student's 3.5): import pyplot, and
+    format one traceback as IPython does (pygments compiles its lexers' rules, stack_data builds its classes and
+    inspect maps every loaded module to its file, once per process).  Nothing of a student's is involved.
+    matplotlib reads its settings now, from the shared font cache (MPLCONFIGDIR, tools/confinement.py) with
+    ipykernel's backend; a kernel's own MPLBACKEND is applied in ``_kernel``."""
+    os.environ.setdefault("MPLBACKEND", INLINE)
+    import matplotlib.pyplot  # noqa: F401
+    from IPython.core import ultratb
+    try:
+        raise ValueError("warm-up")
+    except ValueError:
+        ultratb.AutoFormattedTB(mode="Context", tb_offset=0).structured_traceback(*sys.exc_info())
+
+
 def serve(path):
     """Answer requests at ``path`` until standard input closes (the grader holds its other end, so this process
     ends with the grader, however the grader ends)."""
@@ -94,6 +114,7 @@ def serve(path):
     import ipykernel.kernelapp  # noqa: F401  (what every kernel imports first)
     import numpy  # noqa: F401
     import torch  # noqa: F401
+    _warm()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)        # kernels are reaped by the system: no zombie stays
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".new")
