@@ -22,6 +22,10 @@ os.environ.setdefault("ATTNCOURSE_GRADING_SALT", "attncourse")
 
 CHAPTERS = nbtools.chapters()
 
+# Each xdist worker, and every process it starts, gets its share of the cores (before torch is imported): two
+# workers whose torch each runs an OpenMP thread per core spin against each other (nbtools.share_cores).
+nbtools.share_cores(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+
 
 @pytest.fixture(params=CHAPTERS)
 def chapter(request):

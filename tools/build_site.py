@@ -215,6 +215,7 @@ def execute_all(chapters, jobs=None):
     if jobs <= 1 or len(todo) <= 1:
         return {ch: execute(ch) for ch in chapters}
     from concurrent.futures import ProcessPoolExecutor
+    nbtools.share_cores(min(jobs, len(todo)))          # the kernels' threads, before the pool starts them
     with ProcessPoolExecutor(min(jobs, len(todo))) as pool:
         running = {ch: pool.submit(execute, ch) for ch in sorted(todo, reverse=True)}
         return {ch: running[ch].result() if ch in running else execute(ch) for ch in chapters}
