@@ -192,6 +192,37 @@ def test_an_edit_to_the_prose_reuses_the_executed_outputs(site, tmp_path, monkey
         build_site.execute("ch02")
 
 
+EXPLORER_PAGE = """<!doctype html><html lang="en"><title>t</title><body>
+<figure class="attn-explorer" id="alive" data-ready="1"><div class="attn-controls">
+<input id="alive-k" type="range" min="0" max="4" value="0" aria-label="k"></div>
+<div class="attn-plot"></div><svg class="main-svg"><text>k = 0</text></svg></figure>
+<figure class="attn-explorer" id="dead" data-ready="1"><div class="attn-controls">
+<input id="dead-k" type="range" min="0" max="4" value="0" aria-label="k"></div>
+<div class="attn-plot"></div><svg class="main-svg"><text>fixed</text></svg></figure>
+<script>const a = document.getElementById('alive-k');
+a.addEventListener('input', () => setTimeout(() => {
+  document.querySelector('#alive .main-svg').innerHTML = '<text>k = ' + a.value + '</text>'; }, 400));</script>
+</body></html>"""
+
+
+def test_the_explorer_check_names_a_control_that_changes_nothing(tmp_path):
+    """The browser check can fail: of two explorers, the one whose control redraws nothing is named, mouse and
+    keyboard, and the one that redraws late (0.4 s after the input) passes."""
+    import browser_check
+    if browser_check.find_chromium() is None:
+        pytest.skip("no Chromium installed (apt-get install chromium)")
+    (tmp_path / "page.html").write_text(EXPLORER_PAGE)
+    server = browser_check.serve(tmp_path)
+    browser = browser_check.Browser(browser_check.find_chromium())
+    try:
+        browser.open(f"http://127.0.0.1:{server.server_address[1]}/page.html")
+        problems, count = browser_check.explorers(browser, "page.html", keyboard=False)
+    finally:
+        browser.close()
+        server.shutdown()
+    assert count == 2 and problems == ["explorer dead: moving dead-k did not change the figure"], problems
+
+
 def test_every_page_works_in_a_browser(site, tmp_path):
     """Headless Chromium opens every page: no JavaScript error, every image and formula renders,
     internal links resolve, searching a key term finds its chapter, axe-core finds no serious or critical

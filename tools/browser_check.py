@@ -55,11 +55,10 @@ INSPECT = """(() => {
 })()"""
 
 
-# The explorers (attncourse.explore, drawn by _ext/static/explorers.js): what each one draws now, and its controls.
+# The explorers (attncourse.explore, drawn by _ext/static/explorers.js): whether each is drawn, and its controls.
 EXPLORERS = """(() => [...document.querySelectorAll('figure.attn-explorer')].map(f => ({
   id: f.id, ready: f.dataset.ready === '1',
-  controls: [...f.querySelectorAll('.attn-controls input, .attn-controls select')].map(c => c.id),
-  drawn: (f.querySelector('.main-svg') || {}).innerHTML || ''})))()"""
+  controls: [...f.querySelectorAll('.attn-controls input, .attn-controls select')].map(c => c.id)})))()"""
 # Move one control the way a mouse user would (the value changes, then its event fires).
 MOVE = """((id) => { const c = document.getElementById(id);
   if (c.tagName === 'SELECT') { c.value = String((Number(c.value) + 1) % c.options.length); c.dispatchEvent(new Event('change')); }
@@ -242,6 +241,24 @@ def search_finds(browser, base, term, page, timeout=20):
     return False, []
 
 
+def drawn(browser, explorer):
+    """What the explorer's figure draws now (its SVG)."""
+    return browser.evaluate(f"(document.getElementById({json.dumps(explorer)}).querySelector('.main-svg') || {{}})"
+                            ".innerHTML || ''")
+
+
+def redrawn(browser, explorer, before, timeout=2.0):
+    """Whether the explorer's figure differs from ``before`` within ``timeout`` s: asked every 50 ms, so that a quick
+    redraw costs no fixed wait and a slow one on a busy machine is not missed."""
+    deadline = time.time() + timeout
+    while True:
+        time.sleep(0.05)
+        if drawn(browser, explorer) != before:
+            return True
+        if time.time() > deadline:
+            return False
+
+
 def explorers(browser, page, keyboard, shots=None, timeout=20):
     """[problems] of the explorers on the open page: each must be drawn, and moving each of its controls
     must change what is drawn, and the pointer over a heat map must show the value of a cell;
@@ -263,10 +280,9 @@ def explorers(browser, page, keyboard, shots=None, timeout=20):
         if shots and n == 0:
             browser.screenshot(Path(shots) / f"{name}-before.png")
         for control in e["controls"]:
-            before = json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))[n]["drawn"]
+            before = drawn(browser, e["id"])
             browser.evaluate(f"({MOVE})({json.dumps(control)})")
-            time.sleep(0.25)
-            if json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))[n]["drawn"] == before:
+            if not redrawn(browser, e["id"], before):
                 problems.append(f"explorer {e['id']}: moving {control} did not change the figure")
         if shots and n == 0:
             browser.screenshot(Path(shots) / f"{name}-after.png")
@@ -288,8 +304,11 @@ def explorers(browser, page, keyboard, shots=None, timeout=20):
         shown = 0
         for fx, fy in [(0.5, 0.5)] + [(x / 6, y / 6) for x in range(1, 6) for y in range(1, 6)]:
             browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=box["x"] + fx * box["w"], y=box["y"] + fy * box["h"])
-            time.sleep(0.15)
-            shown = browser.evaluate(f"document.querySelectorAll('#{e['id']} .hoverlayer .hovertext').length")
+            for _ in range(5):                  # up to 0.15 s at each point
+                time.sleep(0.03)
+                shown = browser.evaluate(f"document.querySelectorAll('#{e['id']} .hoverlayer .hovertext').length")
+                if shown:
+                    break
             if shown:
                 break
         browser.call("Input.dispatchMouseEvent", type="mouseMoved", x=1, y=1)
@@ -304,7 +323,7 @@ def explorers(browser, page, keyboard, shots=None, timeout=20):
         if focused != control:
             problems.append(f"explorer {e['id']}: Tab from the figure reaches {focused!r}, not its control {control}")
         else:
-            before = json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))[0]["drawn"]
+            before = drawn(browser, e["id"])
             # towards the end the control is not at (a range at its maximum moves left, a menu at its last option up)
             at_end = browser.evaluate("(() => { const c = document.activeElement; return c.tagName === 'SELECT' ? "
                                       "c.selectedIndex === c.options.length - 1 : Number(c.value) === Number(c.max); })()")
@@ -313,8 +332,7 @@ def explorers(browser, page, keyboard, shots=None, timeout=20):
                    (False, False): ("ArrowRight", 39), (False, True): ("ArrowLeft", 37)}[(is_menu, bool(at_end))]
             for _ in range(2):
                 browser.key(key[0], key_code=key[1])
-            time.sleep(0.3)
-            if json.loads(browser.evaluate(f"JSON.stringify({EXPLORERS})"))[0]["drawn"] == before:
+            if not redrawn(browser, e["id"], before):
                 problems.append(f"explorer {e['id']}: the arrow keys on {control} did not change the figure")
     return problems, len(found)
 
