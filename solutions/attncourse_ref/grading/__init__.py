@@ -21,6 +21,11 @@ from attncourse import _wire
 # a float32 computation of float64 inputs, off by about 1e-7, fails).
 TOLERANCE = {np.dtype("float32"): (1e-4, 1e-5), np.dtype("float64"): (1e-9, 1e-12)}
 
+
+def tolerance(dtype):
+    """(rtol, atol) the server compares a float dtype with (float16 and bfloat16 more loosely)."""
+    return TOLERANCE.get(np.dtype(dtype), (1e-5, 1e-6))
+
 REGISTRY = {}
 FORBID = {}
 ALLOW = {}
@@ -190,7 +195,7 @@ def compare(case, got):
         if e.dtype.kind == "f":
             if g.dtype != e.dtype:
                 return f"{what} has dtype {g.dtype}, expected {e.dtype} (keep the inputs' dtype)"
-            rtol, atol = case.tol.get(e.dtype, TOLERANCE.get(e.dtype, (1e-5, 1e-6)))
+            rtol, atol = case.tol.get(e.dtype) or tolerance(e.dtype)
             same_nan = np.array_equal(np.isnan(g), np.isnan(e))
             ok = same_nan and np.allclose(np.nan_to_num(g), np.nan_to_num(e), rtol=rtol, atol=atol)
             if not ok:
