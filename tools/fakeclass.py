@@ -16,6 +16,7 @@ cost of a student (ch07: 7.9 s each in the class run with the demonstrations, 3.
 """
 import argparse
 import importlib
+import os
 import re
 import shutil
 import symtable
@@ -230,6 +231,34 @@ def without_demonstrations(nb, instructor=None):
     return nb
 
 
+_GENERATED = {}     # {(chapter, its notebook's bytes): a folder with the release/ and gradebook.db nbgrader made}
+
+
+def generate_assignment(chapter, root):
+    """``nbgrader generate_assignment`` at ``root`` (release/<chapter>/ and the gradebook's record of its cells),
+    run once per process and chapter notebook, then copied: it costs 4 s of CPU, and a test process builds
+    chapter 02's and chapter 04's classes several times.  A gradebook that holds more (another chapter's) or
+    lives elsewhere (NBGRADER_DB_URL) is always written by nbgrader itself."""
+    import atexit
+    import tempfile
+    key = (chapter, nbtools.chapter_notebook(chapter).read_bytes())
+    made = _GENERATED.get(key)
+    fresh = not os.environ.get("NBGRADER_DB_URL") and not (root / "gradebook.db").exists()
+    if made is None or not fresh:
+        res = nbtools.nbgrader("generate_assignment", chapter, "--force", root=root)
+        if res.returncode:
+            raise RuntimeError(f"generate_assignment failed:\n{res.stdout}\n{res.stderr}")
+        if fresh:
+            made = Path(tempfile.mkdtemp(prefix=f"attncourse-release-{chapter}-"))
+            atexit.register(shutil.rmtree, made, True)
+            shutil.copytree(root / "release" / chapter, made / "release" / chapter)
+            shutil.copy(root / "gradebook.db", made / "gradebook.db")
+            _GENERATED[key] = made
+        return
+    shutil.copytree(made / "release" / chapter, root / "release" / chapter, dirs_exist_ok=True)
+    shutil.copy(made / "gradebook.db", root / "gradebook.db")
+
+
 def build(chapter, root, language="en", only=None, demonstrations=False):
     """Write release/ and submitted/ for the fake class under ``root``; return [Student].
     ``language="zh"``: the release is the Chinese edition (as `make release LANG=zh` makes it).
@@ -238,9 +267,7 @@ def build(chapter, root, language="en", only=None, demonstrations=False):
     root = Path(root)
     (root / "chapters").mkdir(parents=True, exist_ok=True)
     shutil.copytree(nbtools.CHAPTERS / chapter, root / "chapters" / chapter, dirs_exist_ok=True)
-    res = nbtools.nbgrader("generate_assignment", chapter, "--force", root=root)
-    if res.returncode:
-        raise RuntimeError(f"generate_assignment failed:\n{res.stdout}\n{res.stderr}")
+    generate_assignment(chapter, root)
     name = nbtools.chapter_notebook(chapter).name
     instructor = nbtools.read(nbtools.chapter_notebook(chapter))
     release = nbtools.read(root / "release" / chapter / name)
