@@ -45,10 +45,16 @@ def student_notebooks(out):
     with tempfile.TemporaryDirectory() as tmp:
         for chapter in nbtools.chapters():
             shutil.copytree(nbtools.CHAPTERS / chapter, Path(tmp) / "chapters" / chapter, ignore=IGNORE)
-            res = nbtools.nbgrader("generate_assignment", chapter, "--force", root=Path(tmp))
-            if res.returncode:
-                raise SystemExit(f"{chapter}: nbgrader generate_assignment failed:\n{res.stdout}\n{res.stderr}")
-            for nb_path in sorted((Path(tmp) / "release" / chapter).glob("*.ipynb")):
+        # One nbgrader run for every chapter (its assignment id a glob, as for autograde's students): nbgrader
+        # starts once, not once per chapter (the student notebooks took 17.5 s so, 5.2 s now).
+        res = nbtools.nbgrader("generate_assignment", "*", "--force", root=Path(tmp))
+        if res.returncode:
+            raise SystemExit(f"nbgrader generate_assignment failed:\n{res.stdout}\n{res.stderr}")
+        for chapter in nbtools.chapters():
+            released = sorted((Path(tmp) / "release" / chapter).glob("*.ipynb"))
+            if not released:
+                raise SystemExit(f"{chapter}: nbgrader generate_assignment made no student notebook:\n{res.stdout}\n{res.stderr}")
+            for nb_path in released:
                 nb = nbtools.read(nb_path)
                 nbtools.write(nb, out / "notebooks" / chapter / nb_path.name)
                 nbtools.write(i18n.translate_notebook(nb, chapter), out / "notebooks" / "zh" / chapter / nb_path.name)
