@@ -16,6 +16,7 @@
 Every generated file is written only when its content changed, so that Sphinx re-reads only what
 changed and a rebuild with nothing changed is quick.
 """
+import copy
 import hashlib
 import html
 import json
@@ -66,28 +67,31 @@ def to_execute(chapter):
 
 def execute(chapter):
     """The executed instructor notebook (solutions in, hidden tests out), from cache if possible: the cache
-    holds the outputs of the same code, which are put into the current notebook, prose and metadata as now."""
+    holds the outputs of the same code, which are put into the current notebook, prose and metadata as now.
+    A notebook just executed is returned the same way, from its cached copy, so that the next build (the same
+    notebook from the cache) writes the same page and Sphinx has nothing to read again: the run's own cell
+    metadata (nbclient's timings) stays in the cache."""
     src = nbtools.chapter_notebook(chapter)
     nb, cached = to_execute(chapter)
     if cached.exists():
         print(f"{chapter}: unchanged, using {cached.relative_to(ROOT)}")
-        outputs = {c.id: c for c in nbtools.read(cached).cells if c.cell_type == "code"}
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                cell.outputs, cell.execution_count = outputs[cell.id].outputs, outputs[cell.id].execution_count
-        return nb
-    t0 = time.perf_counter()
-    nbtools.execute(nb, src.parent)
-    errors = [(i, o.ename, o.evalue) for i, c in enumerate(nb.cells) if c.cell_type == "code"
-              for o in c.outputs if o.output_type == "error"]
-    if errors:
-        i, name, value = errors[0]
-        raise SystemExit(f"{chapter}: the reference run raised {name} in cell {i}: {value}\n"
-                         "The site shows the reference's outputs, so this must be fixed first.")
-    print(f"{chapter}: executed in {time.perf_counter() - t0:.1f} s")
-    for old in (CACHE / chapter).glob("*.ipynb") if (CACHE / chapter).exists() else []:
-        old.unlink()
-    nbtools.write(nb, cached)
+    else:
+        t0 = time.perf_counter()
+        ran = nbtools.execute(copy.deepcopy(nb), src.parent)
+        errors = [(i, o.ename, o.evalue) for i, c in enumerate(ran.cells) if c.cell_type == "code"
+                  for o in c.outputs if o.output_type == "error"]
+        if errors:
+            i, name, value = errors[0]
+            raise SystemExit(f"{chapter}: the reference run raised {name} in cell {i}: {value}\n"
+                             "The site shows the reference's outputs, so this must be fixed first.")
+        print(f"{chapter}: executed in {time.perf_counter() - t0:.1f} s")
+        for old in (CACHE / chapter).glob("*.ipynb") if (CACHE / chapter).exists() else []:
+            old.unlink()
+        nbtools.write(ran, cached)
+    outputs = {c.id: c for c in nbtools.read(cached).cells if c.cell_type == "code"}
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = outputs[cell.id].outputs, outputs[cell.id].execution_count
     return nb
 
 
