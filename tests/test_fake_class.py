@@ -18,10 +18,9 @@ import nbtools
 from nbgrader.api import Gradebook
 
 pytestmark = pytest.mark.slow
-# Seconds per cell.  Only chapter 02's class holds the infinite loop, which spins a core until then; its cells
-# take under 0.4 s each (the zygote has imported torch), so 8 s is twenty times that.  The other chapters' classes
-# run their demonstrations under GRADING (chapter 06's longest cell: 2.7 s).
-TIMEOUT = {"ch02": "8"}
+# Seconds per cell: only chapter 02's class holds the infinite loop; the others run their demonstrations under
+# GRADING (chapter 06's longest cell: 2.7 s).
+TIMEOUT = {"ch02": fakeclass.LOOP_CELL_TIMEOUT}
 
 
 def grade_class(chapter, root):

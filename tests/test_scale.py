@@ -21,7 +21,6 @@ from nbgrader.api import Gradebook
 pytestmark = pytest.mark.slow
 CH = "ch04"
 TIMEOUT = "20"   # seconds per cell (chapter 04 cells take well under one; a kernel started without the zygote imports torch)
-LOOP_TIMEOUT = "8"   # the class with the infinite loop, which spins a core until then (its longest cell: 0.43 s)
 GRADER = [sys.executable, str(nbtools.ROOT / "tools" / "grade_class.py"), CH]
 
 
@@ -54,7 +53,7 @@ SMALL_CLASS = {"correct", "blank", "zoo-01", "zoo-02"}     # two in each of 2 sh
 
 def test_parallel_grading_matches_the_known_grades(tmp_path):
     students = fake_class(tmp_path, keep=PARALLEL_CLASS)
-    report = run(tmp_path, "--jobs", "2", env={"ATTNCOURSE_CELL_TIMEOUT": LOOP_TIMEOUT})
+    report = run(tmp_path, "--jobs", "2", env={"ATTNCOURSE_CELL_TIMEOUT": fakeclass.LOOP_CELL_TIMEOUT})
     expected = fakeclass.expected_scores(CH, students)
     got = scores(nbtools.gradebook_url(tmp_path), expected)
     assert got == expected, report

@@ -53,7 +53,8 @@ def student_notebooks(out):
         for chapter in nbtools.chapters():
             released = sorted((Path(tmp) / "release" / chapter).glob("*.ipynb"))
             if not released:
-                raise SystemExit(f"{chapter}: nbgrader generate_assignment made no student notebook:\n{res.stdout}\n{res.stderr}")
+                raise SystemExit(f"{chapter}: nbgrader generate_assignment made no student notebook:\n"
+                                 f"{res.stdout}\n{res.stderr}")
             for nb_path in released:
                 nb = nbtools.read(nb_path)
                 nbtools.write(nb, out / "notebooks" / chapter / nb_path.name)

@@ -26,6 +26,7 @@ def tolerance(dtype):
     """(rtol, atol) the server compares a float dtype with (float16 and bfloat16 more loosely)."""
     return TOLERANCE.get(np.dtype(dtype), (1e-5, 1e-6))
 
+
 REGISTRY = {}
 FORBID = {}
 ALLOW = {}
