@@ -96,9 +96,12 @@ CLAIMS = {
         Claim("Both models learn the task, and both end above 99% exact match on the 1,000 held-out dates",
               "TRANSFORMER_STEPS, RNN_STEPS", lambda out: row(out, "Transformer")[-1] >= 99
               and row(out, "GRU + attention")[-1] >= 99),
-        Claim("the recurrent model gets there first, in steps and in seconds: it passes the 95% mark sooner",
-              "TRANSFORMER_STEPS, RNN_STEPS",     # with a margin a busy machine cannot erase (3.7 s against 9.4 s here)
-              lambda out: row(out, "GRU + attention")[-2] < 0.75 * row(out, "Transformer")[-2]),
+        # The two models train a step each in turn, so a busy machine slows both alike: the seconds' ratio was 0.39 on
+        # one machine and 0.53 on a slower one; taken one after the other on a busy machine, it once reached 0.75.
+        Claim("the recurrent model gets there first: it passes the 95% mark in no more steps than the Transformer and "
+              "in far fewer seconds", "TRANSFORMER_STEPS, RNN_STEPS",
+              lambda out: row(out, "GRU + attention")[-3] <= row(out, "Transformer")[-3]
+              and row(out, "GRU + attention")[-2] < 0.75 * row(out, "Transformer")[-2]),
         Claim("At the smaller learning rate the two curves lie almost on top of each other", "def loss_curve",
               lambda out: abs(row(out, "lr 0.003 post-norm:")[-1] - row(out, "lr 0.003 pre-norm :")[-1]) < 0.15),
         Claim("At the larger learning rate they part", "def loss_curve",
@@ -138,9 +141,13 @@ CLAIMS = {
     ],
     "ch06": [
         Claim("the gap widens with the length: the speed-up column", "no cache (tok/s)",
-              # each doubling of the length raises the speed-up by a quarter at least (2.2x, 3.5x, 5.8x here)
-              lambda out: all(b > 1.25 * a for a, b in zip(numbers(r"([\d.]+)x", out), numbers(r"([\d.]+)x", out)[1:]))
-              and numbers(r"([\d.]+)x", out)[0] > 1.3),
+              # each doubling of the length raises the speed-up, four times the length by half at least, and the cache
+              # pays at once: 2.2x, 3.5x, 5.8x on one machine; 1.4x, 1.8x, 2.6x on a slower one, and 1.4x, 2.0x, 2.9x
+              # there beside two busy processes, with and without the cache timed in turn (1.4x, 1.2x, 2.6x in a test
+              # run before they were)
+              lambda out: all(b > a for a, b in zip(numbers(r"([\d.]+)x", out), numbers(r"([\d.]+)x", out)[1:]))
+              and numbers(r"([\d.]+)x", out)[-1] > 1.5 * numbers(r"([\d.]+)x", out)[0]
+              and numbers(r"([\d.]+)x", out)[0] > 1.1),
         Claim("the table of §6.6 puts GPT-3's cache for one sequence of 131,072 tokens at 576 GiB",
               "layers, width = 96, 12_288", lambda out: row(out, "131,072")[-1] == 576.0),
         Claim("The measured ratio is $H / n_{kv}$ exactly", "cache_bytes[n_kv] = k.nbytes + v.nbytes",
@@ -160,11 +167,11 @@ CLAIMS = {
               lambda out: all(max(row(out, f"{d}, k = {k}")[3] for k in (1, 2, 4, 8))
                               - min(row(out, f"{d}, k = {k}")[3] for k in (1, 2, 4, 8)) <= 0.05
                               for d in ("bigram", "1-layer GPT"))),
-        Claim("the prediction matches the measurement for $k$ of 1 and 2 but overestimates it for the bigram's "
-              "longest drafts", "bigram = Bigram(",
+        # For long drafts the text claims no direction: the bigram's k = 8 was overestimated by more than a tenth on
+        # one machine and matched to the hundredth on another (their floating point trains other models).
+        Claim("the prediction matches the measurement for $k$ of 1 and 2", "bigram = Bigram(",
               lambda out: all(abs(row(out, f"{d}, k = {k}")[4] - row(out, f"{d}, k = {k}")[2])
-                              <= 0.05 * row(out, f"{d}, k = {k}")[2] for d in ("bigram", "1-layer GPT") for k in (1, 2))
-              and row(out, "bigram, k = 8")[4] > row(out, "bigram, k = 8")[2] + 0.1),
+                              <= 0.05 * row(out, f"{d}, k = {k}")[2] for d in ("bigram", "1-layer GPT") for k in (1, 2))),
         Claim("Both drafts are much weaker models than the target (compare the validation losses)", "bigram = Bigram(",
               lambda out: min(numbers(r"validation loss: .*bigram ([\d.]+)", out)[0],
                               numbers(r"validation loss: .*1-layer GPT ([\d.]+)", out)[0])

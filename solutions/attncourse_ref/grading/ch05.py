@@ -374,7 +374,7 @@ def _first_finished(decode, memory, mask, bos, eos, max_len, beam):
             for tokens, logp in alive:
                 row_mask = None if mask is None else mask[b:b + 1]
                 lps = torch.log_softmax(decode(torch.tensor([[bos] + tokens]), memory[b:b + 1], row_mask)[0, -1], dim=-1)
-                candidates += [(tokens + [v], logp + float(lps[v])) for v in range(len(lps))]
+                candidates += [(tokens + [v], logp + lp) for v, lp in enumerate(lps.tolist())]
             candidates = sorted(candidates, key=lambda c: -c[1])[:beam]
             ended = [c[0] for c in candidates if c[0][-1] == eos or t == max_len]
             if ended:
@@ -877,14 +877,17 @@ def _plain_beam(decode, memory, mask, bos, eos, max_len, beam, alpha, mistake=No
                 logits = decode(torch.tensor([[bos] + tokens]), memory[b:b + 1], row_mask)[0, -1]
                 lps = {"probabilities": torch.softmax(logits, -1), "raw_logits": logits}.get(
                     mistake, torch.log_softmax(logits, -1))
-                mine = [(tokens + [v], (0.0 if mistake == "no_parent" else logp) + lps[v]) for v in range(len(lps))]
+                # (tokens, log-probability as a 0-d tensor, the same as a float): entry v is logp + lps[v], added
+                # in the tensors' dtype, in one operation for every v
+                totals = (0.0 if mistake == "no_parent" else logp) + lps
+                mine = list(zip([tokens + [v] for v in range(len(lps))], totals.unbind(), totals.tolist()))
                 if mistake == "top_per_beam":
-                    mine = sorted(mine, key=lambda c: -float(c[1]))[:beam]
+                    mine = sorted(mine, key=lambda c: -c[2])[:beam]
                 candidates += mine
             if mistake == "token_first":                # ties by token id, then hypothesis
-                candidates = sorted(candidates, key=lambda c: (-float(c[1]), c[0][-1]))
+                candidates = sorted(candidates, key=lambda c: (-c[2], c[0][-1]))
             elif mistake != "top_per_beam":
-                candidates = sorted(candidates, key=lambda c: -float(c[1]))
+                candidates = sorted(candidates, key=lambda c: -c[2])
             kept = candidates[:beam]
             if mistake == "keep_finished":              # finished hypotheses keep competing for the beam's slots
                 pool = sorted([(c, False) for c in candidates] + [(h, True) for h in held], key=lambda c: -float(c[0][1]))
@@ -892,7 +895,7 @@ def _plain_beam(decode, memory, mask, bos, eos, max_len, beam, alpha, mistake=No
             elif mistake == "refill" and t < max_len:   # fairseq / Hugging Face: the first beam_size that go on,
                 kept = [c for c in kept if c[0][-1] == eos] + [c for c in candidates[:2 * beam] if c[0][-1] != eos][:beam]
             alive = []
-            for tokens, logp in kept:
+            for tokens, logp, *_ in kept:
                 ends = tokens[-1] == eos and mistake != "eos_expanded"
                 if ends or t == max_len:
                     length = t - (mistake == "eos_not_counted" and tokens[-1] == eos)
