@@ -334,6 +334,107 @@ def test_gqa_from_mha_averages_each_group_of_key_and_value_heads():
     torch.testing.assert_close(same, (mha.c_attn.weight, mha.c_attn.bias), rtol=0, atol=0)
 
 
+
+# ---- multi-head latent attention ---------------------------------------------------------------------------------
+MLA_SIZES = dict(n_embd=16, n_head=4, q_rank=12, kv_rank=6, nope_dim=5, rope_dim=4, v_dim=3)
+
+
+def _mla(seed, dropout=0.0, **sizes):
+    torch.manual_seed(seed)
+    mla = ref.MultiHeadLatentAttention(**{**MLA_SIZES, **sizes}, dropout=dropout).double()
+    with torch.no_grad():                           # norms' weights away from 1, so that forgetting one shows
+        mla.q_norm.weight.uniform_(0.5, 1.5)
+        mla.kv_norm.weight.uniform_(0.5, 1.5)
+    return mla
+
+
+def _mla_by_the_paper(mla, x):
+    """DeepSeek-V2's equations (9) to (19), one head and one query at a time, with RoPE written as DeepSeek's code
+    writes it (each adjacent pair a complex number, multiplied by e^(i m w_j)) and RMSNorm as x / rms * weight."""
+    B, T, _ = x.shape
+    H, dn, dr, dv = mla.n_head, mla.nope_dim, mla.rope_dim, mla.v_dim
+
+    def rms(v, norm):
+        return v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight
+
+    def rope(v, m):                                  # v [..., dr] at position m
+        w = 10000.0 ** (-torch.arange(0, dr, 2, dtype=torch.float64) / dr)
+        z = torch.view_as_complex(v.reshape(*v.shape[:-1], dr // 2, 2).clone()) * torch.polar(torch.ones_like(w), m * w)
+        return torch.view_as_real(z).flatten(-2)
+
+    out = torch.zeros(B, T, H * dv, dtype=x.dtype)
+    for b in range(B):
+        c_q = rms(x[b] @ mla.wq_a.weight.T, mla.q_norm)                     # [T, q_rank]
+        q = (c_q @ mla.wq_b.weight.T).view(T, H, dn + dr)
+        kv_a = x[b] @ mla.wkv_a.weight.T
+        c_kv, k_rope = rms(kv_a[:, :mla.kv_rank], mla.kv_norm), kv_a[:, mla.kv_rank:]
+        kv = (c_kv @ mla.wkv_b.weight.T).view(T, H, dn + dv)
+        for h in range(H):
+            for t in range(T):
+                q_th = torch.cat([q[t, h, :dn], rope(q[t, h, dn:], t)])
+                keys = torch.stack([torch.cat([kv[j, h, :dn], rope(k_rope[j], j)]) for j in range(t + 1)])
+                weights = torch.softmax(keys @ q_th / math.sqrt(dn + dr), dim=0)
+                out[b, t, h * dv:(h + 1) * dv] = weights @ kv[:t + 1, h, dn:]
+    return out @ mla.wo.weight.T
+
+
+def test_mla_follows_the_papers_equations():
+    mla = _mla(0).eval()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    y, (c_kv, k_pe) = mla(x)
+    torch.testing.assert_close(y, _mla_by_the_paper(mla, x))
+    assert c_kv.shape == (2, 6, 6) and k_pe.shape == (2, 6, 4)
+
+
+@settings(max_examples=10, deadline=None)
+@given(prompt=st.integers(1, 8), chunk=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_mla_cache_gives_the_full_forward_in_both_forms(prompt, chunk, seed):
+    """The cache holds the latents and the rotated shared keys; continuing from it, by forward or by the absorbed
+    path, gives the full forward's outputs, and the two paths give the same cache."""
+    mla = _mla(seed).eval()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    full, full_cache = mla(x)
+    for path in (mla.forward, mla.absorbed):
+        y, past = path(x[:, :prompt])
+        pieces = [y]
+        for start in range(prompt, 9, chunk):
+            y, past = path(x[:, start:start + chunk], past)
+            pieces.append(y)
+        torch.testing.assert_close(torch.cat(pieces, dim=1), full)
+        torch.testing.assert_close(past, full_cache)
+
+
+def test_mla_absorbed_equals_forward_at_deepseek_like_proportions():
+    """Many heads over a small latent (DeepSeek-V3: 128 heads, kv_rank 512, nope 128, rope 64, v 128), scaled
+    down: the absorbed path never forms a key or a value, and agrees with forward to rounding in float32 too."""
+    sizes = dict(n_embd=64, n_head=8, q_rank=24, kv_rank=16, nope_dim=16, rope_dim=8, v_dim=16)
+    mla = _mla(1, **sizes).eval()
+    x = torch.randn(3, 11, 64, dtype=torch.float64)
+    torch.testing.assert_close(mla.absorbed(x)[0], mla(x)[0])
+    mla32, x32 = mla.float(), x.float()
+    torch.testing.assert_close(mla32.absorbed(x32)[0], mla32(x32)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_mla_cache_per_token_is_the_latent_and_one_rotated_key_whatever_the_heads():
+    x = torch.randn(1, 5, 16, dtype=torch.float64)
+    for n_head in (1, 2, 4, 8):
+        _, (c_kv, k_pe) = _mla(n_head, n_head=n_head).eval()(x)
+        assert (c_kv.nbytes + k_pe.nbytes) // 5 == (6 + 4) * 8          # kv_rank + rope_dim float64 values
+
+
+def test_mla_is_causal_and_drops_out_only_in_training():
+    mla = _mla(2, dropout=0.5)
+    x = torch.randn(1, 7, 16, dtype=torch.float64, requires_grad=True)
+    mla.eval()
+    mla(x)[0][0, 3].sum().backward()
+    assert x.grad[0, 4:].abs().max() == 0 and x.grad[0, :4].abs().min() > 0     # position 3 reads 0 .. 3 only
+    assert torch.equal(mla(x)[0], mla(x)[0])
+    mla.train()
+    assert not torch.equal(mla(x)[0], mla(x)[0])
+    with pytest.raises(RuntimeError, match="eval"):
+        mla.absorbed(x)
+
+
 # ---- speculative decoding -----------------------------------------------------------------------------------------
 def test_speculative_step_samples_follow_the_target_and_accept_at_the_stated_rate():
     from attncourse_ref.grading.ch06 import spec_expected_lengths

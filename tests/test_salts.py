@@ -7,6 +7,7 @@ with finite answers; and every known mistake of the zoo must still fail its hidd
 than the suite's own.
 """
 import contextlib
+import functools
 import importlib
 import os
 
@@ -81,13 +82,18 @@ def salt_problems(test_ids, salts, baseline):
     return problems
 
 
+@functools.lru_cache(maxsize=1)
+def _baseline():
+    """Each builder's _shape under the suite's salt: built once per test process, whichever chunks it runs."""
+    return {test_id: _shape(_build(test_id)) for test_id in _registry()}
+
+
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_every_case_builder_works_under_many_salts(chunk):
     """Every builder under 10 of the 50 salts (five chunks, so that workers share them): none raises, each
     builds about as many cases as under the suite's salt, and no answer is NaN where it is not meant to be."""
     registry = _registry()
-    baseline = {test_id: _shape(_build(test_id)) for test_id in registry}
-    problems = salt_problems(list(registry), SALTS[chunk::CHUNKS], baseline)
+    problems = salt_problems(list(registry), SALTS[chunk::CHUNKS], _baseline())
     assert not problems, "\n".join(problems)
 
 

@@ -1,14 +1,17 @@
 """Chapter 06: large language models (reference implementation).
 
 Tokenizers (characters, byte-level byte-pair encoding), a GPT whose parameters carry GPT-2's
-names (so GPT-2's weights load into it), the next-token loss, sampling, the KV cache and BERT's
-masked-language-model masking.
+names (so GPT-2's weights load into it), the next-token loss, sampling, the KV cache, grouped-query and
+multi-head latent attention, speculative decoding and BERT's masked-language-model masking.
 """
 import collections
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .positional import apply_rope
 
 UNKNOWN = "\ufffd"          # what char_decode writes for the unknown-character id
 IGNORE_INDEX = -100         # label of positions that no loss should score (PyTorch's default)
@@ -309,6 +312,83 @@ def gqa_from_mha(weight, bias, n_head, n_kv_head):
         q, k, v = t.split(C, dim=0)
         return torch.cat([q, pool(k), pool(v)], dim=0)
     return convert(weight), convert(bias)
+
+
+
+# ---- multi-head latent attention (issue 34: the reference for the exercise to come) ---------------------------
+class MultiHeadLatentAttention(nn.Module):
+    """Causal multi-head latent attention (DeepSeek-V2, section 2.1; parameters named as in DeepSeek-V3's
+    inference code): what a token leaves in the cache is a latent c_kv [kv_rank] and one rotated key k_pe
+    [rope_dim] that every head shares, instead of a key and a value per head.
+
+    Queries: wq_b(q_norm(wq_a(x))) gives each head [q_nope (nope_dim) | q_pe (rope_dim)]; q_pe is rotated (RoPE,
+    apply_rope's adjacent pairs, at the token's position).  Keys and values: wkv_a(x) gives [c_kv | k_pe]; k_pe is
+    rotated, c_kv normalised (kv_norm); wkv_b(c_kv) gives each head [k_nope (nope_dim) | v (v_dim)].  Head h's key
+    is [k_nope_h | k_pe], its query [q_nope_h | q_pe_h], the scores are scaled by 1 / sqrt(nope_dim + rope_dim),
+    and y = wo(the heads' outputs side by side).  The rotated part is "decoupled": RoPE applied to k_nope would
+    depend on the position, and wkv_b could no longer be absorbed (see ``absorbed``).  No biases; RMSNorms as
+    DeepSeek's (eps 1e-6).
+
+    forward(x [B, T, C], past=None or (c_kv [B, T_past, kv_rank], k_pe [B, T_past, rope_dim])) -> (y [B, T, C],
+    the cache (c_kv, k_pe) of T_past + T positions); the new tokens are at positions T_past .. T_past + T - 1.
+    """
+
+    def __init__(self, n_embd, n_head, q_rank, kv_rank, nope_dim, rope_dim, v_dim, dropout=0.0):
+        super().__init__()
+        assert rope_dim % 2 == 0, "rope_dim must be even (RoPE rotates pairs)"
+        self.n_head, self.kv_rank, self.dropout = n_head, kv_rank, dropout
+        self.nope_dim, self.rope_dim, self.v_dim = nope_dim, rope_dim, v_dim
+        self.wq_a = nn.Linear(n_embd, q_rank, bias=False)
+        self.q_norm = nn.RMSNorm(q_rank, eps=1e-6)
+        self.wq_b = nn.Linear(q_rank, n_head * (nope_dim + rope_dim), bias=False)
+        self.wkv_a = nn.Linear(n_embd, kv_rank + rope_dim, bias=False)
+        self.kv_norm = nn.RMSNorm(kv_rank, eps=1e-6)
+        self.wkv_b = nn.Linear(kv_rank, n_head * (nope_dim + v_dim), bias=False)
+        self.wo = nn.Linear(n_head * v_dim, n_embd, bias=False)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def _queries_and_cache(self, x, past):
+        """(q_nope [B, H, T, nope_dim], q_pe [B, H, T, rope_dim], c_kv [B, S, kv_rank], k_pe [B, S, rope_dim],
+        the mask [T, S]) with S = T_past + T: the past's latents and keys, then the new tokens'."""
+        B, T, _ = x.shape
+        t_past = 0 if past is None else past[0].shape[1]
+        positions = torch.arange(t_past, t_past + T, device=x.device)
+        q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, self.n_head, -1).transpose(1, 2)
+        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        c_kv, k_pe = self.wkv_a(x).split([self.kv_rank, self.rope_dim], dim=-1)
+        c_kv, k_pe = self.kv_norm(c_kv), apply_rope(k_pe, positions)
+        if past is not None:
+            c_kv, k_pe = torch.cat([past[0], c_kv], dim=1), torch.cat([past[1], k_pe], dim=1)
+        mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
+        return q_nope, apply_rope(q_pe, positions), c_kv, k_pe, mask
+
+    def forward(self, x, past=None):
+        B, T, _ = x.shape
+        q_nope, q_pe, c_kv, k_pe, mask = self._queries_and_cache(x, past)
+        S, H = c_kv.shape[1], self.n_head
+        k_nope, v = self.wkv_b(c_kv).view(B, S, H, -1).transpose(1, 2).split([self.nope_dim, self.v_dim], dim=-1)
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, self.rope_dim)], dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (c_kv, k_pe)
+
+    def absorbed(self, x, past=None):
+        """forward without a key or a value ever made (evaluation: no dropout), as DeepSeek decodes: wkv_b's key
+        rows are absorbed into the queries (q_nope_h W_k,h is a query in the latent space, scored against c_kv
+        itself) and its value rows into the output (the weights average the latents; W_v,h then maps the average).
+        The same result as forward up to rounding, at a cost per cached token of kv_rank + rope_dim per head."""
+        if self.training and self.dropout > 0:
+            raise RuntimeError("absorbed() is the evaluation path: call .eval() first (it applies no dropout)")
+        B, T, _ = x.shape
+        q_nope, q_pe, c_kv, k_pe, mask = self._queries_and_cache(x, past)
+        w_k, w_v = self.wkv_b.weight.view(self.n_head, self.nope_dim + self.v_dim, self.kv_rank).split(
+            [self.nope_dim, self.v_dim], dim=1)                           # [H, nope_dim, r], [H, v_dim, r]
+        q_latent = torch.einsum("bhtd,hdr->bhtr", q_nope, w_k)
+        scores = (q_latent @ c_kv[:, None].transpose(-2, -1) + q_pe @ k_pe[:, None].transpose(-2, -1)) \
+            / math.sqrt(self.nope_dim + self.rope_dim)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = torch.einsum("bhtr,hvr->bthv", weights @ c_kv[:, None], w_v).reshape(B, T, self.n_head * self.v_dim)
+        return self.wo(y), (c_kv, k_pe)
 
 
 # ---- speculative decoding ------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def apply_rope(x, positions):
     return out.flatten(-2)
 
 
-# ---- longer contexts than trained: RoPE's frequencies, rescaled (issue 34; the chapter's exercise is to come) ----
+# ---- longer contexts than trained: RoPE's frequencies, rescaled (§4.8) ----
 def rope_inv_freq(d, base=10000.0):
     """RoPE's frequencies w_i = base^(-2i/d), i = 0 .. d/2 - 1, as float64 [d/2] (apply_rope's, for base 10000).
     The graded functions below write them out again: a solution body must stand alone in the learner's cell."""
