@@ -1,5 +1,7 @@
 """Unit tests of the chapter 03 reference (multi-head attention and its cost)."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -82,3 +84,85 @@ def test_sliding_window_mask():
     m = ref.sliding_window_mask(7, 2)
     assert m.dtype == torch.bool and m.sum() == 7 * 5 - 2 * (2 + 1)
     assert m[3, 1] and m[3, 5] and not m[3, 0] and not m[3, 6]
+
+
+# ---- linear attention and the delta rule --------------------------------------------------------------------------
+def _features(seed, shape_qk, d_v):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (ref.elu_feature_map(torch.randn(*shape_qk, generator=g, dtype=torch.float64)) for _ in range(2))
+    return q, k, torch.randn(*shape_qk[:-1], d_v, generator=g, dtype=torch.float64)
+
+
+def test_linear_attention_is_attention_with_a_dot_product_similarity():
+    """Written out: o_t = sum_{s<=t} sim(q_t, k_s) v_s / sum_{s<=t} sim(q_t, k_s), with sim the features' dot product."""
+    q, k, v = _features(0, (2, 7, 4), 3)
+    expected = torch.zeros(2, 7, 3, dtype=torch.float64)
+    for b in range(2):
+        for t in range(7):
+            sims = torch.stack([q[b, t] @ k[b, s] for s in range(t + 1)])
+            expected[b, t] = (sims[:, None] * v[b, :t + 1]).sum(0) / sims.sum()
+    torch.testing.assert_close(ref.linear_attention(q, k, v), expected)
+    assert (ref.elu_feature_map(torch.tensor([-15.0, 0.0, 2.0])) > 0).all()
+
+
+@settings(max_examples=15, deadline=None)
+@given(T=st.integers(1, 20), chunk=st.integers(1, 8), seed=st.integers(0, 2**16))
+def test_linear_attention_parallel_recurrent_and_chunked_agree(T, chunk, seed):
+    q, k, v = _features(seed, (2, 3, T, 5), 4)
+    parallel = ref.linear_attention(q, k, v)
+    torch.testing.assert_close(ref.linear_attention_recurrent(q, k, v), parallel)
+    torch.testing.assert_close(ref.linear_attention_chunked(q, k, v, chunk), parallel)
+
+
+def _delta_rule_by_the_paper(q, k, v, beta, g, scale):
+    """Gated DeltaNet's equation: S_t = a_t (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T (S of shape [d_k, d_v]),
+    o_t = S_t^T q_t scale; one sequence at a time, with the identity matrix written out."""
+    B, T, d_k = k.shape
+    out = torch.zeros(B, T, v.shape[-1], dtype=v.dtype)
+    for b in range(B):
+        S = torch.zeros(d_k, v.shape[-1], dtype=v.dtype)
+        for t in range(T):
+            a = 1.0 if g is None else math.exp(g[b, t])
+            S = a * (torch.eye(d_k, dtype=v.dtype) - beta[b, t] * torch.outer(k[b, t], k[b, t])) @ S \
+                + beta[b, t] * torch.outer(k[b, t], v[b, t])
+            out[b, t] = S.T @ q[b, t] * scale
+    return out, S
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_delta_rule_is_the_papers_recurrence(gated):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 9, d, generator=gen, dtype=torch.float64) for d in (4, 4, 3))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    beta = torch.rand(2, 9, generator=gen, dtype=torch.float64)
+    g = -torch.rand(2, 9, generator=gen, dtype=torch.float64) if gated else None
+    o, state = ref.delta_rule(q, k, v, beta, g)
+    expected, last = _delta_rule_by_the_paper(q, k, v, beta, g, 4 ** -0.5)
+    torch.testing.assert_close(o, expected)
+    torch.testing.assert_close(state[1], last)
+    if gated:                                  # a decay of 1 is no decay
+        torch.testing.assert_close(ref.delta_rule(q, k, v, beta, torch.zeros_like(g))[0], ref.delta_rule(q, k, v, beta)[0])
+
+
+def test_the_delta_rule_overwrites_where_linear_attention_adds():
+    """Two values written under the same key, then the key read back: with beta = 1 the delta rule returns the
+    second value; the sum k v^T of linear attention returns their sum; beta = 0 writes nothing; a log-decay of
+    -inf forgets everything before the token."""
+    k = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)[None]
+    v = torch.tensor([[1.0, 2.0], [5.0, -1.0], [3.0, 3.0]], dtype=torch.float64)[None]
+    q = k.clone()
+    o, state = ref.delta_rule(q, k, v, torch.ones(1, 3, dtype=torch.float64), scale=1.0)
+    torch.testing.assert_close(state[0].T @ k[0, 0], v[0, 1])           # the second write replaced the first
+    torch.testing.assert_close(state[0].T @ k[0, 2], v[0, 2])           # another key's value is untouched
+    additive = sum(torch.outer(k[0, t], v[0, t]) for t in range(3))
+    torch.testing.assert_close(additive.T @ k[0, 0], v[0, 0] + v[0, 1])
+    assert not ref.delta_rule(q, k, v, torch.zeros(1, 3, dtype=torch.float64))[1].any()
+    forget = torch.tensor([[0.0, float("-inf"), float("-inf")]], dtype=torch.float64)
+    _, state = ref.delta_rule(q, k, v, torch.ones(1, 3, dtype=torch.float64), forget, scale=1.0)
+    torch.testing.assert_close(state[0], torch.outer(k[0, 2], v[0, 2]))
+
+
+def test_the_recurrent_states_size_does_not_grow_with_the_length():
+    for T in (4, 64):
+        q, k, v = _features(T, (1, T, 8), 6)
+        assert ref.delta_rule(q, k, v, torch.full((1, T), 0.5, dtype=torch.float64))[1].shape == (1, 8, 6)

@@ -1,7 +1,8 @@
-"""Chapter 03: multi-head attention and its cost (reference implementation)."""
+"""Chapter 03: multi-head attention and its cost (reference implementation); linear attention and the delta rule."""
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import causal_mask, scaled_dot_product_attention
@@ -130,3 +131,66 @@ def sliding_window_mask(n, window, device=None):
     """[n, n] bool: query i may attend key j when |i - j| <= window (window neighbours on each side)."""
     i = torch.arange(n, device=device)
     return (i[:, None] - i[None, :]).abs() <= window
+
+
+# ---- attention as an RNN again: linear attention and the delta rule (issue 34: references for the exercises to come)
+def elu_feature_map(x):
+    """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020): features > 0 (rounding to 0 only far below 0: float32 at
+    x < -17 or so), so that the normalisers below are not 0."""
+    return F.elu(x) + 1
+
+
+def linear_attention(q, k, v):
+    """Causal linear attention, parallel form (Katharopoulos et al., 2020), on features q, k [..., T, d_k] (a
+    positive feature map applied already) and values v [..., T, d_v]: o_t = sum_{s<=t} (q_t . k_s) v_s /
+    sum_{s<=t} q_t . k_s.  Softmax attention's T x T table with q . k in place of exp(q . k): quadratic in T."""
+    scores = (q @ k.transpose(-2, -1)).tril()
+    return (scores @ v) / scores.sum(-1, keepdim=True)
+
+
+def linear_attention_recurrent(q, k, v):
+    """The same outputs, one token at a time: the state S = sum_{s<=t} k_s v_s^T [..., d_k, d_v] and the normaliser
+    z = sum_{s<=t} k_s [..., d_k] give o_t = S^T q_t / (z . q_t).  An RNN whose state does not grow with T."""
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    z = q.new_zeros(*q.shape[:-2], q.shape[-1])
+    out = []
+    for t in range(q.shape[-2]):
+        S = S + k[..., t, :, None] * v[..., t, None, :]
+        z = z + k[..., t, :]
+        out.append((q[..., t, None, :] @ S)[..., 0, :] / (q[..., t, :] * z).sum(-1, keepdim=True))
+    return torch.stack(out, dim=-2)
+
+
+def linear_attention_chunked(q, k, v, chunk=64):
+    """The same outputs a chunk of positions at a time, as kernels compute them: within a chunk the parallel form
+    (matrix products), from the chunks before it the recurrent form's state, carried from chunk to chunk."""
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    z = q.new_zeros(*q.shape[:-2], q.shape[-1], 1)
+    out = []
+    for start in range(0, q.shape[-2], chunk):
+        qc, kc, vc = (x[..., start:start + chunk, :] for x in (q, k, v))
+        scores = (qc @ kc.transpose(-2, -1)).tril()
+        out.append((qc @ S + scores @ vc) / (qc @ z + scores.sum(-1, keepdim=True)))
+        S, z = S + kc.transpose(-2, -1) @ vc, z + kc.sum(-2)[..., None]
+    return torch.cat(out, dim=-2)
+
+
+def delta_rule(q, k, v, beta, g=None, scale=None):
+    """DeltaNet's recurrence (Schlag et al., 2021; Yang et al., 2024) and, with log-decays g, Gated DeltaNet's (Yang
+    et al., 2025; Qwen3-Next's linear layers), as flash-linear-attention's naive reference writes them.
+
+    q, k [..., T, d_k] (keys usually L2-normalised), v [..., T, d_v], beta [..., T] in (0, 1], g [..., T] <= 0 or
+    None.  Per token: S <- exp(g_t) S, then S <- S + beta_t k_t (v_t - S^T k_t)^T: what the state returns for k_t
+    moves a share beta_t of the way to v_t (a write that corrects, where linear attention's only adds), and
+    o_t = S^T (scale q_t), scale d_k ** -0.5 unless given.  Returns (o [..., T, d_v], the state [..., d_k, d_v])."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    out = []
+    for t in range(q.shape[-2]):
+        if g is not None:
+            S = S * g[..., t, None, None].exp()
+        k_t = k[..., t, :]
+        error = v[..., t, :] - (k_t[..., None, :] @ S)[..., 0, :]          # v_t - S^T k_t
+        S = S + beta[..., t, None, None] * k_t[..., :, None] * error[..., None, :]
+        out.append((scale * q[..., t, None, :] @ S)[..., 0, :])
+    return torch.stack(out, dim=-2), S
