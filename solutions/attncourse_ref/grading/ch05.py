@@ -877,8 +877,8 @@ def _plain_beam(decode, memory, mask, bos, eos, max_len, beam, alpha, mistake=No
                 logits = decode(torch.tensor([[bos] + tokens]), memory[b:b + 1], row_mask)[0, -1]
                 lps = {"probabilities": torch.softmax(logits, -1), "raw_logits": logits}.get(
                     mistake, torch.log_softmax(logits, -1))
-                # (tokens, log-probability as a 0-d tensor, the same as a float): entry v is logp + lps[v], added
-                # in the tensors' dtype, in one operation for every v
+                # each candidate: (tokens, its log-probability as a 0-d tensor, the same as a float to sort by);
+                # entry v is logp + lps[v] in the tensors' dtype, added for every v in one operation
                 totals = (0.0 if mistake == "no_parent" else logp) + lps
                 mine = list(zip([tokens + [v] for v in range(len(lps))], totals.unbind(), totals.tolist()))
                 if mistake == "top_per_beam":
