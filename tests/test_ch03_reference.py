@@ -94,7 +94,7 @@ def _features(seed, shape_qk, d_v):
 
 
 def test_linear_attention_is_attention_with_a_dot_product_similarity():
-    """Written out: o_t = sum_{s<=t} sim(q_t, k_s) v_s / sum_{s<=t} sim(q_t, k_s), with sim the features' dot product."""
+    """Written out: o_t = sum_{s<=t} sim(q_t, k_s) v_s / sum_{s<=t} sim(q_t, k_s), sim the features' dot product."""
     q, k, v = _features(0, (2, 7, 4), 3)
     expected = torch.zeros(2, 7, 3, dtype=torch.float64)
     for b in range(2):
@@ -141,7 +141,8 @@ def test_delta_rule_is_the_papers_recurrence(gated):
     torch.testing.assert_close(o, expected)
     torch.testing.assert_close(state[1], last)
     if gated:                                  # a decay of 1 is no decay
-        torch.testing.assert_close(ref.delta_rule(q, k, v, beta, torch.zeros_like(g))[0], ref.delta_rule(q, k, v, beta)[0])
+        no_decay = ref.delta_rule(q, k, v, beta, torch.zeros_like(g))[0]
+        torch.testing.assert_close(no_decay, ref.delta_rule(q, k, v, beta)[0])
 
 
 def test_the_delta_rule_overwrites_where_linear_attention_adds():

@@ -20,7 +20,8 @@ from nbgrader.api import Gradebook
 
 pytestmark = pytest.mark.slow
 CH = "ch04"
-TIMEOUT = "20"   # seconds per cell (chapter 04 cells take well under one; a kernel started without the zygote imports torch)
+# Seconds per cell: chapter 04's cells take well under one, but a kernel started without the zygote imports torch.
+TIMEOUT = "20"
 GRADER = [sys.executable, str(nbtools.ROOT / "tools" / "grade_class.py"), CH]
 
 
