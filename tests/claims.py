@@ -38,6 +38,12 @@ def _hand_made(out, part):
 _BEAM_ROWS = ["width 1 (greedy)", "width 3, alpha 0.0", "width 3, alpha 0.6", "width 5, alpha 0.0", "width 5, alpha 0.6"]
 
 
+def _linear_costs(out):
+    """{form: time ratio} over the last 4-fold growth of T in chapter 03's cost table (§3.8)."""
+    line = next(line for line in out.splitlines() if line.startswith("T x 4"))
+    return {name: float(x) for name, x in re.findall(r"(\w+) x ([\d.]+)", line.split("time", 1)[1])}
+
+
 CLAIMS = {
     "ch00": [
         Claim("With a constant start the table stays rank 1: eight dimensions paid for, one used, and a worse loss",
@@ -64,6 +70,23 @@ CLAIMS = {
     ],
     "ch02": [
         Claim("row it puts most of its weight on animal", "tokens = [", lambda out: "attends most to: animal" in out),
+    ],
+    "ch03": [
+        # Timed in turn, the least of three rounds. On the slower 2-core machine, 1,024 to 4,096 tokens: recurrent x 3.7
+        # to 4.0, chunked x 4.1 to 5.4, softmax x 26 to 33, parallel x 63 to 70; at 4,096 tokens chunked 36 ms, the
+        # next fastest (parallel) 160 ms.
+        Claim("With a sequence 4 times longer, the recurrent and the chunked forms take 4 to 6 times as long (4 for a "
+              "cost linear in $T$), softmax attention and the parallel form more than 10 times as long",
+              "lengths = [256, 512, 1024]",
+              lambda out: all(2 < _linear_costs(out)[f] < 8 for f in ("recurrent", "chunked"))
+              and all(_linear_costs(out)[f] > 10 for f in ("softmax", "parallel"))),
+        Claim("At 4,096 tokens the chunked form is the fastest of the four", "lengths = [256, 512, 1024]",
+              lambda out: (lambda r: r[3] < 0.6 * min(r[:3]))(row(out, "4096"))),
+        Claim("The state stays 1,056 numbers at every length; the table of the parallel form holds 16.8 million at "
+              "4,096 tokens", "lengths = [256, 512, 1024]",
+              lambda out: "state 1,056 numbers, table 16,777,216" in out),
+        Claim("At every count the delta rule reads back with a smaller error than the sum", "counts = [4, 8",
+              lambda out: all(d < s for d, s in zip(row(out, "delta rule"), row(out, "sum (linear attention)")))),
     ],
     "ch04": [
         Claim("the equivariance gap jumps from rounding error (about 1e-16) to about 0.2",

@@ -285,3 +285,181 @@ def window_one_sided(n, window, device=None):
     i = torch.arange(n, device=device)
     diff = i[:, None] - i[None, :]
     return (diff >= 0) & (diff <= window)
+
+
+# ---- linear attention: parallel, recurrent, chunked ------------------------------------------------------------
+@_add("linear attention without the causal mask", "linear_attention", {"test_linear_attention"},
+      "check_linear_attention", "s <= t only")
+def linear_not_causal(q, k, v):
+    scores = q @ k.transpose(-2, -1)
+    return (scores @ v) / scores.sum(-1, keepdim=True)
+
+
+@_add("linear attention without the normaliser", "linear_attention", {"test_linear_attention"},
+      "check_linear_attention", "normaliser")
+def linear_unnormalised(q, k, v):
+    return (q @ k.transpose(-2, -1)).tril() @ v
+
+
+@_add("linear attention normalised over every key", "linear_attention", {"test_linear_attention"},
+      "check_linear_attention", "same keys")
+def linear_normalised_over_all(q, k, v):
+    scores = q @ k.transpose(-2, -1)
+    return (scores.tril() @ v) / scores.sum(-1, keepdim=True)
+
+
+@_add("recurrent form that builds the T x T table", "linear_attention_recurrent",
+      {"test_linear_attention_recurrent"}, "check_linear_attention_recurrent", "T x T table")
+def recurrent_is_parallel(q, k, v):
+    scores = (q @ k.transpose(-2, -1)).tril()
+    return (scores @ v) / scores.sum(-1, keepdim=True)
+
+
+@_add("recurrent form that reads before it writes", "linear_attention_recurrent",
+      {"test_linear_attention_recurrent"}, "check_linear_attention_recurrent", "reads the state before")
+def recurrent_read_first(q, k, v):
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    z = q.new_zeros(*q.shape[:-2], q.shape[-1])
+    out = []
+    for t in range(q.shape[-2]):
+        out.append((q[..., t, None, :] @ S)[..., 0, :] / (q[..., t, :] * z).sum(-1, keepdim=True))
+        S = S + k[..., t, :, None] * v[..., t, None, :]
+        z = z + k[..., t, :]
+    return torch.stack(out, dim=-2)
+
+
+@_add("recurrent form without the normaliser", "linear_attention_recurrent",
+      {"test_linear_attention_recurrent"}, "check_linear_attention_recurrent", "normaliser")
+def recurrent_unnormalised(q, k, v):
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    out = []
+    for t in range(q.shape[-2]):
+        S = S + k[..., t, :, None] * v[..., t, None, :]
+        out.append((q[..., t, None, :] @ S)[..., 0, :])
+    return torch.stack(out, dim=-2)
+
+
+@_add("chunked form that forgets the earlier chunks", "linear_attention_chunked",
+      {"test_linear_attention_chunked"}, "check_linear_attention_chunked", "carry the state")
+def chunked_no_state(q, k, v, chunk=64):
+    out = []
+    for start in range(0, q.shape[-2], chunk):
+        qc, kc, vc = (x[..., start:start + chunk, :] for x in (q, k, v))
+        scores = (qc @ kc.transpose(-2, -1)).tril()
+        out.append((scores @ vc) / scores.sum(-1, keepdim=True))
+    return torch.cat(out, dim=-2)
+
+
+@_add("chunked form without the mask inside a chunk", "linear_attention_chunked",
+      {"test_linear_attention_chunked"}, "check_linear_attention_chunked", "tril")
+def chunked_not_causal(q, k, v, chunk=64):
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    z = q.new_zeros(*q.shape[:-2], q.shape[-1], 1)
+    out = []
+    for start in range(0, q.shape[-2], chunk):
+        qc, kc, vc = (x[..., start:start + chunk, :] for x in (q, k, v))
+        scores = qc @ kc.transpose(-2, -1)
+        out.append((qc @ S + scores @ vc) / (qc @ z + scores.sum(-1, keepdim=True)))
+        S, z = S + kc.transpose(-2, -1) @ vc, z + kc.sum(-2)[..., None]
+    return torch.cat(out, dim=-2)
+
+
+@_add("chunked form that builds the T x T table", "linear_attention_chunked",
+      {"test_linear_attention_chunked"}, "check_linear_attention_chunked", "T x T table")
+def chunked_is_parallel(q, k, v, chunk=64):
+    scores = (q @ k.transpose(-2, -1)).tril()
+    return (scores @ v) / scores.sum(-1, keepdim=True)
+
+
+# ---- the delta rule and its gated form -------------------------------------------------------------------------
+DELTA = {"test_delta_rule", "test_delta_rule_gated"}
+
+
+@_add("delta rule that adds k v^T (linear attention's write)", "delta_rule", DELTA, "check_delta_rule",
+      "writes the error")
+def delta_hebbian(q, k, v, beta, g=None, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    out = []
+    for t in range(q.shape[-2]):
+        if g is not None:
+            S = S * g[..., t, None, None].exp()
+        S = S + beta[..., t, None, None] * k[..., t, :, None] * v[..., t, None, :]
+        out.append((scale * q[..., t, None, :] @ S)[..., 0, :])
+    return torch.stack(out, dim=-2), S
+
+
+@_add("delta rule that reads before it writes", "delta_rule", DELTA, "check_delta_rule", "before token t's write")
+def delta_read_first(q, k, v, beta, g=None, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    out = []
+    for t in range(q.shape[-2]):
+        if g is not None:
+            S = S * g[..., t, None, None].exp()
+        out.append((scale * q[..., t, None, :] @ S)[..., 0, :])
+        k_t = k[..., t, :]
+        error = v[..., t, :] - (k_t[..., None, :] @ S)[..., 0, :]
+        S = S + beta[..., t, None, None] * k_t[..., :, None] * error[..., None, :]
+    return torch.stack(out, dim=-2), S
+
+
+@_add("delta rule without the scale", "delta_rule", DELTA, "check_delta_rule", "not scaled")
+def delta_unscaled(q, k, v, beta, g=None, scale=None):
+    scale = 1.0 if scale is None else scale
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    out = []
+    for t in range(q.shape[-2]):
+        if g is not None:
+            S = S * g[..., t, None, None].exp()
+        k_t = k[..., t, :]
+        error = v[..., t, :] - (k_t[..., None, :] @ S)[..., 0, :]
+        S = S + beta[..., t, None, None] * k_t[..., :, None] * error[..., None, :]
+        out.append((scale * q[..., t, None, :] @ S)[..., 0, :])
+    return torch.stack(out, dim=-2), S
+
+
+@_add("gated delta rule that ignores the gate", "delta_rule", {"test_delta_rule_gated"},
+      "check_delta_rule_gated", "g is ignored")
+def delta_no_gate(q, k, v, beta, g=None, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    out = []
+    for t in range(q.shape[-2]):
+        k_t = k[..., t, :]
+        error = v[..., t, :] - (k_t[..., None, :] @ S)[..., 0, :]
+        S = S + beta[..., t, None, None] * k_t[..., :, None] * error[..., None, :]
+        out.append((scale * q[..., t, None, :] @ S)[..., 0, :])
+    return torch.stack(out, dim=-2), S
+
+
+@_add("gated delta rule multiplying by g, not exp(g)", "delta_rule", {"test_delta_rule_gated"},
+      "check_delta_rule_gated", "not by g_t")
+def delta_gate_without_exp(q, k, v, beta, g=None, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    out = []
+    for t in range(q.shape[-2]):
+        if g is not None:
+            S = S * g[..., t, None, None]
+        k_t = k[..., t, :]
+        error = v[..., t, :] - (k_t[..., None, :] @ S)[..., 0, :]
+        S = S + beta[..., t, None, None] * k_t[..., :, None] * error[..., None, :]
+        out.append((scale * q[..., t, None, :] @ S)[..., 0, :])
+    return torch.stack(out, dim=-2), S
+
+
+@_add("gated delta rule decaying after the write", "delta_rule", {"test_delta_rule_gated"},
+      "check_delta_rule_gated", "before the write")
+def delta_gate_after(q, k, v, beta, g=None, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    S = q.new_zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    out = []
+    for t in range(q.shape[-2]):
+        k_t = k[..., t, :]
+        error = v[..., t, :] - (k_t[..., None, :] @ S)[..., 0, :]
+        S = S + beta[..., t, None, None] * k_t[..., :, None] * error[..., None, :]
+        if g is not None:
+            S = S * g[..., t, None, None].exp()
+        out.append((scale * q[..., t, None, :] @ S)[..., 0, :])
+    return torch.stack(out, dim=-2), S

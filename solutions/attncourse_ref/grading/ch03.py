@@ -183,6 +183,136 @@ def sliding_window_mask(rng):
     return cases
 
 
+# ---- attention as an RNN again ------------------------------------------------------------------------------------
+def _features(rng, shape, dtype):
+    """Positive features, as a feature map such as elu(x) + 1 gives them."""
+    return torch.from_numpy(rng.random(shape) + 0.05).to(dtype)
+
+
+def _linear_inputs(rng, i, t):
+    lead = [(), (2,), (2, 3), (1,)][i % 4]
+    dtype = torch.float32 if i % 4 == 3 else torch.float64
+    dk, dv = int(rng.integers(1, 7)), int(rng.integers(1, 7))
+    return (_features(rng, lead + (t, dk), dtype), _features(rng, lead + (t, dk), dtype),
+            _tensor(rng, lead + (t, dv), dtype))
+
+
+def _linear_cases(rng, fn, lengths, extra=lambda i, t: []):
+    cases = []
+    for i, t in enumerate(lengths):
+        q, k, v = _linear_inputs(rng, i, t)
+        grads = {"rng": rng, "grad_args": (0, 1, 2)} if i % 3 == 1 else {}
+        cases.append(function_case(fn, [q, k, v] + extra(i, t), **grads))
+    return cases
+
+
+# As for tiled attention: on a sequence where the T x T table of the parallel form cannot hide (4096 x 4096 float32 =
+# 64 MiB), the kernel's peak resident memory may grow by at most 16 MiB.
+def _linear_memory_case(rng, fn, extra=()):
+    q, k, v = _features(rng, (FULL_MATRIX_N, 8), torch.float32), _features(rng, (FULL_MATRIX_N, 8), torch.float32), \
+        _tensor(rng, (FULL_MATRIX_N, 8), torch.float32)
+    case = function_case(fn, [q, k, v, *extra], describe=f"(T = {FULL_MATRIX_N}, d = 8: the T x T table would take "
+                                                          f"{FULL_MATRIX_N ** 2 * 4 >> 20} MiB)")
+    case.call["peak_bytes"] = PEAK_LIMIT
+    return case
+
+
+@hidden_test("ch03.linear_attention")
+def linear_attention(rng):
+    return _linear_cases(rng, ref.linear_attention, [1, 5, 8, 3, 12, int(rng.integers(6, 20))])
+
+
+@hidden_test("ch03.linear_attention_recurrent")
+def linear_attention_recurrent(rng):
+    return _linear_cases(rng, ref.linear_attention_recurrent, [1, 5, 8, 3, 12, int(rng.integers(6, 20))]) + \
+        [_linear_memory_case(rng, ref.linear_attention_recurrent)]
+
+
+@hidden_test("ch03.linear_attention_chunked")
+def linear_attention_chunked(rng):
+    # (T, chunk): not divisible, chunk 1, chunk > T, chunk = T, several whole chunks
+    shapes = [(7, 3), (5, 1), (4, 9), (8, 8), (12, 4), (int(rng.integers(10, 30)), int(rng.integers(2, 6)))]
+    return _linear_cases(rng, ref.linear_attention_chunked, [t for t, _ in shapes], lambda i, t: [shapes[i][1]]) + \
+        [_linear_memory_case(rng, ref.linear_attention_chunked, (64,))]
+
+
+def _delta_inputs(rng, i, gated):
+    lead = [(), (2,), (2, 3), (1,), (3,), ()][i]
+    dtype = torch.float32 if i == 3 else torch.float64
+    t, dk, dv = int(rng.integers(1, 13)), int(rng.integers(1, 7)), int(rng.integers(1, 7))
+    q, k, v = (_tensor(rng, lead + (t, d), dtype) for d in (dk, dk, dv))
+    if i != 5:                                                 # keys L2-normalised, as DeltaNet's are; one case not
+        k = k / k.norm(dim=-1, keepdim=True)
+    beta = torch.from_numpy(rng.uniform(0.1, 1.0, lead + (t,))).to(dtype)
+    if i == 2:
+        beta = torch.ones_like(beta)                           # beta = 1: the write replaces what k_t returned
+    args = [q, k, v, beta]
+    if gated:
+        args.append(torch.from_numpy(-rng.uniform(0.0, 1.5, lead + (t,))).to(dtype))
+    kwargs = {"scale": float(rng.uniform(0.3, 2.0))} if i == 4 else {}
+    grads = {"rng": rng, "grad_args": tuple(range(len(args))), "grad_outputs": (0, 1)} if i in (1, 4) else {}
+    return function_case(ref.delta_rule, args, kwargs, **grads)
+
+
+@hidden_test("ch03.delta_rule")
+def delta_rule(rng):
+    return [_delta_inputs(rng, i, gated=False) for i in range(6)]
+
+
+@hidden_test("ch03.delta_rule_gated")
+def delta_rule_gated(rng):
+    return [_delta_inputs(rng, i, gated=True) for i in range(6)]
+
+
+def _linear_check_data(g):
+    """Linear attention on a fixed input, and what the usual mistakes give on it (the visible checks name them)."""
+    q, k = (torch.rand(2, 7, 4, generator=g, dtype=torch.float64) + 0.1 for _ in range(2))
+    v = torch.randn(2, 7, 3, generator=g, dtype=torch.float64)
+    scores = q @ k.transpose(-2, -1)
+    causal = scores.tril()
+    chunk_no_state = torch.cat([ref.linear_attention(q[..., s:s + 3, :], k[..., s:s + 3, :], v[..., s:s + 3, :])
+                                for s in range(0, 7, 3)], dim=-2)
+    chunk_not_causal = []
+    for s in range(0, 7, 3):
+        before = scores[..., s:s + 3, :s + 3]                   # earlier chunks in full, this chunk unmasked
+        chunk_not_causal.append(before @ v[..., :s + 3, :] / before.sum(-1, keepdim=True))
+    return {"q": q, "k": k, "v": v, "output": ref.linear_attention(q, k, v),
+            "not_causal": scores @ v / scores.sum(-1, keepdim=True),
+            "unnormalised": causal @ v,
+            "normalised_over_all": causal @ v / scores.sum(-1, keepdim=True),
+            "read_before_write": scores.tril(-1) @ v / scores.tril(-1).sum(-1, keepdim=True),
+            "chunk3_no_state": chunk_no_state, "chunk3_not_causal": torch.cat(chunk_not_causal, dim=-2)}
+
+
+def _delta_check_data(g):
+    q, k, v = (torch.randn(2, 7, d, generator=g, dtype=torch.float64) for d in (4, 4, 3))
+    k = k / k.norm(dim=-1, keepdim=True)
+    beta = torch.rand(2, 7, generator=g, dtype=torch.float64) * 0.8 + 0.2
+    gate = -torch.rand(2, 7, generator=g, dtype=torch.float64)
+    o, state = ref.delta_rule(q, k, v, beta)
+    o_g, state_g = ref.delta_rule(q, k, v, beta, gate)
+    hebbian = (beta[..., None] * k).transpose(-2, -1) @ v      # sum_t beta_t k_t v_t^T
+    before, S = [], torch.zeros_like(state)
+    for t in range(7):                                         # o_t read from the state before token t's write
+        before.append((0.5 * q[..., t, None, :] @ S)[..., 0, :])
+        error = v[..., t, :] - (k[..., t, None, :] @ S)[..., 0, :]
+        S = S + beta[..., t, None, None] * k[..., t, :, None] * error[..., None, :]
+    before = torch.stack(before, dim=-2)
+    without_exp, after = torch.zeros_like(state), torch.zeros_like(state)
+    for t in range(7):
+        for S, decay, first in ((without_exp, gate[..., t], True), (after, gate[..., t].exp(), False)):
+            if first:
+                S.mul_(decay[..., None, None])
+            err = v[..., t, :] - (k[..., t, None, :] @ S)[..., 0, :]
+            S.add_(beta[..., t, None, None] * k[..., t, :, None] * err[..., None, :])
+            if not first:
+                S.mul_(decay[..., None, None])
+    return {"q": q, "k": k, "v": v, "beta": beta, "g": gate, "output": o, "state": state,
+            "output_scale_1": ref.delta_rule(q, k, v, beta, scale=1.0)[0],
+            "hebbian_state": hebbian, "read_before_write": before, "unscaled": o * 2.0,
+            "gated_output": o_g, "gated_state": state_g, "gate_without_exp": without_exp, "gate_after_write": after}
+
+
 def check_data():
     """Fixed cases for the visible checks (tools/make_check_data.py writes them)."""
     x = torch.arange(2 * 3 * 8, dtype=torch.float64).reshape(2, 3, 8)
@@ -223,4 +353,5 @@ def check_data():
                 "in_proj_weight": theirs.in_proj_weight, "in_proj_bias": theirs.in_proj_bias},
         "tiled": {"q": q, "k": k, "v": v},
         "window_6_2": ref.sliding_window_mask(6, 2),
+        "linear": _linear_check_data(g), "delta": _delta_check_data(g),
     }

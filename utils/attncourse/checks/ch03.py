@@ -1,6 +1,7 @@
 """Visible checks for chapter 03: multi-head attention and its cost."""
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..memory import peak_memory
 from .ch02 import SDPA_ALLOWED, SDPA_BUILTINS
@@ -307,3 +308,177 @@ def check_sliding_window_mask(fn):
         fail("your window only looks back; this mask is symmetric, with window neighbours on both sides "
              "(combine it with a causal mask for a causal local window)")
     fail(f"sliding_window_mask(6, 2) should be\n{expected.int()}\ngot\n{m.int()}")
+
+
+# ---- attention as an RNN again: linear attention and the delta rule --------------------------------------------
+def _linear_data():
+    c = _data()["linear"]
+    return tensor(c["q"]), tensor(c["k"]), tensor(c["v"]), c
+
+
+def _linear_call(fn, what, *args):
+    return expect_tensor(call(fn, *args, what=what), what, shape=(2, 7, 3))
+
+
+def _linear_mistakes(got, c, name):
+    """Name the usual mistakes of a linear-attention exercise by the outputs they give on the stored input."""
+    if close(got, tensor(c["not_causal"])):
+        fail(f"{name}: token t also reads keys after it; the sums run over s <= t only (a causal mask on the "
+             "scores, or the state before token t + 1 is added)")
+    if close(got, tensor(c["unnormalised"])):
+        fail(f"{name}: the outputs are not divided by the normaliser sum_s q_t . k_s, so they grow with t; divide "
+             "by it, as softmax divides by the sum of its exponentials")
+    if close(got, tensor(c["normalised_over_all"])):
+        fail(f"{name}: the normaliser sums q_t . k_s over every key, the numerator only over s <= t; both run "
+             "over the same keys, s <= t")
+    if close(got[..., 1:, :], tensor(c["read_before_write"])[..., 1:, :]):      # its first row is 0 / 0
+        fail(f"{name}: token t reads the state before its own key and value are added; add k_t v_t^T (and "
+             "k_t to z) first, then read with q_t, as the parallel form's diagonal includes s = t")
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the most elements of any tensor an operation returns (cheaper than the profiler on a loop)."""
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor):
+                self.largest = max(self.largest, o.numel())
+        return out
+
+
+def _quadratic_memory(fn, what, *args):
+    """Fail a function that builds the T x T table of the parallel form on a sequence where it would show."""
+    n = 1024
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.rand(n, 8, generator=g) + 0.1 for _ in range(3))
+    with _LargestTensor() as seen:
+        call(fn, q, k, v, *args, what=f"{what} on T = {n}")
+    if seen.largest >= n * n // 4:
+        fail(f"{what} made a tensor of {seen.largest:,} numbers on T = {n}: it builds the T x T table of the "
+             f"parallel form ({n * n:,} numbers). Keep a state of d_k x d_v numbers instead")
+    ok(f"{what} on T = {n} made no tensor larger than {seen.largest:,} numbers (the T x T table has {n * n:,})")
+
+
+def check_linear_attention(fn):
+    """Check linear_attention(q, k, v) [..., T, d] -> [..., T, d_v], the causal parallel form."""
+    require_callable(fn, "linear_attention")
+    q, k, v, c = _linear_data()
+    got = _linear_call(fn, "linear_attention(q, k, v)", q, k, v)
+    if not close(got, tensor(c["output"])):
+        _linear_mistakes(got, c, "linear_attention")
+        fail(f"linear_attention differs from sum_(s<=t) (q_t . k_s) v_s / sum_(s<=t) q_t . k_s "
+             f"(max error {max_error(got, tensor(c['output'])):.3g})")
+    ok("linear attention: each token averages the values of the tokens up to it, weighted by q_t . k_s")
+    dtypes_and_gradients(fn, [q, k, v], "linear_attention(q, k, v)", grad_args=(0, 1, 2))
+    ok("linear attention keeps float32 and float64, and gradients flow back")
+
+
+def check_linear_attention_recurrent(fn):
+    """Check linear_attention_recurrent(q, k, v): the parallel form's outputs, from a d_k x d_v state."""
+    require_callable(fn, "linear_attention_recurrent")
+    q, k, v, c = _linear_data()
+    got = _linear_call(fn, "linear_attention_recurrent(q, k, v)", q, k, v)
+    if not close(got, tensor(c["output"])):
+        _linear_mistakes(got, c, "linear_attention_recurrent")
+        fail(f"linear_attention_recurrent differs from the parallel form (max error "
+             f"{max_error(got, tensor(c['output'])):.3g})")
+    ok("the recurrent form gives the parallel form's outputs")
+    dtypes_and_gradients(fn, [q, k, v], "linear_attention_recurrent(q, k, v)", grad_args=(0, 1, 2))
+    ok("the recurrent form keeps float32 and float64, and gradients flow back")
+    _quadratic_memory(fn, "linear_attention_recurrent")
+
+
+def check_linear_attention_chunked(fn):
+    """Check linear_attention_chunked(q, k, v, chunk): the parallel form's outputs for every chunk size."""
+    require_callable(fn, "linear_attention_chunked")
+    q, k, v, c = _linear_data()
+    expected = tensor(c["output"])
+    for chunk in (3, 7, 1, 2, 9):           # 3 first: the chunked mistakes show there
+        what = f"linear_attention_chunked(q, k, v, chunk={chunk}) with T = 7"
+        got = _linear_call(fn, what, q, k, v, chunk)
+        if close(got, expected):
+            continue
+        if chunk == 3 and close(got, tensor(c["chunk3_no_state"])):
+            fail("each chunk only sees its own tokens: carry the state S = sum k_s v_s^T (and z = sum k_s) of the "
+                 "chunks before it, and add q_c S to the chunk's numerator and q_c z to its normaliser")
+        if chunk == 3 and close(got, tensor(c["chunk3_not_causal"])):
+            fail("inside a chunk, token t also reads the chunk's later tokens: mask the chunk's q_c k_c^T with a "
+                 "lower triangle (tril), as in the parallel form")
+        _linear_mistakes(got, c, f"linear_attention_chunked(chunk={chunk})")
+        if 7 % chunk and close(call(fn, q[..., :6, :], k[..., :6, :], v[..., :6, :], chunk, what=what),
+                               expected[..., :6, :]):
+            fail(f"right when chunk divides T but not for T = 7, chunk = {chunk}: the last chunk is shorter; "
+                 "range(0, T, chunk) and slicing x[..., s : s + chunk, :] handle it")
+        fail(f"{what} differs from the parallel form (max error {max_error(got, expected):.3g})")
+    ok("the chunked form gives the parallel form's outputs for chunks of 1, 2, 3, 7 (= T) and 9 (> T)")
+    dtypes_and_gradients(fn, [q, k, v, 3], "linear_attention_chunked(q, k, v, chunk=3)", grad_args=(0, 1, 2))
+    ok("the chunked form keeps float32 and float64, and gradients flow back")
+    _quadratic_memory(fn, "linear_attention_chunked", 64)
+
+
+def _delta_call(fn, what, *args, **kwargs):
+    out = call(fn, *args, what=what, **kwargs)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        fail(f"{what} should return a pair (outputs, state), got {type(out).__name__}")
+    o = expect_tensor(out[0], f"{what}'s outputs", shape=(2, 7, 3))
+    return o, expect_tensor(out[1], f"{what}'s state", shape=(2, 4, 3))
+
+
+def _delta_case(fn, c, what, gated, **kwargs):
+    q, k, v, beta = (tensor(c[x]) for x in ("q", "k", "v", "beta"))
+    args = (q, k, v, beta) + ((tensor(c["g"]),) if gated else ())
+    o, state = _delta_call(fn, what, *args, **kwargs)
+    return o, state, args
+
+
+def check_delta_rule(fn):
+    """Check delta_rule(q, k, v, beta, g=None, scale=None) -> (outputs, last state), without a gate."""
+    require_callable(fn, "delta_rule")
+    c = _data()["delta"]
+    o, state, args = _delta_case(fn, c, "delta_rule(q, k, v, beta)", gated=False)
+    if close(o, tensor(c["output"])) and close(state, tensor(c["state"])):
+        ok("the delta rule: each write moves what the state returns for k_t a share beta_t of the way to v_t")
+        o1, _, _ = _delta_case(fn, c, "delta_rule(q, k, v, beta, scale=1.0)", gated=False, scale=1.0)
+        if not close(o1, tensor(c["output_scale_1"])):
+            fail("delta_rule(..., scale=1.0) should read with q_t itself: use the scale given, and d_k ** -0.5 "
+                 "only when scale is None")
+        ok("the scale argument is used, d_k ** -0.5 by default")
+        dtypes_and_gradients(fn, list(args), "delta_rule(q, k, v, beta)", grad_args=(0, 1, 2, 3))
+        ok("the delta rule keeps float32 and float64, and gradients flow back")
+        return
+    if close(state, tensor(c["hebbian_state"])):
+        fail("your state adds beta_t k_t v_t^T, as linear attention does: the delta rule writes the error, "
+             "beta_t k_t (v_t - S^T k_t)^T, so that what S returns for k_t moves towards v_t")
+    if close(state, tensor(c["state"])) and close(o, tensor(c["read_before_write"])):
+        fail("your outputs read the state before token t's write: update S with token t first, then "
+             "o_t = S^T (scale q_t)")
+    if close(state, tensor(c["state"])) and close(o, tensor(c["unscaled"])):
+        fail("your outputs are not scaled: o_t = S^T (scale q_t) with scale = d_k ** -0.5 when none is given")
+    if close(state, tensor(c["state"])):
+        fail(f"the last state is right, the outputs differ (max error {max_error(o, tensor(c['output'])):.3g}): "
+             "o_t = S_t^T (scale q_t) with the state after token t's write")
+    fail(f"the delta rule's state differs (max error {max_error(state, tensor(c['state'])):.3g}): per token, "
+         "S <- S + beta_t k_t (v_t - S^T k_t)^T")
+
+
+def check_delta_rule_gated(fn):
+    """Check delta_rule(q, k, v, beta, g): Gated DeltaNet, the state decayed by exp(g_t) before each write."""
+    require_callable(fn, "delta_rule")
+    c = _data()["delta"]
+    o, state, args = _delta_case(fn, c, "delta_rule(q, k, v, beta, g)", gated=True)
+    if close(o, tensor(c["gated_output"])) and close(state, tensor(c["gated_state"])):
+        ok("the gated delta rule: the state decays by exp(g_t), then the delta rule writes")
+        dtypes_and_gradients(fn, list(args), "delta_rule(q, k, v, beta, g)", grad_args=(0, 1, 2, 3, 4))
+        ok("the gated delta rule keeps float32 and float64, and gradients flow back")
+        return
+    if close(state, tensor(c["state"])):
+        fail("g is ignored: before token t's write, multiply the state by exp(g_t) (g is a log-decay, <= 0)")
+    if close(state, tensor(c["gate_without_exp"])):
+        fail("g is a log-decay (g_t <= 0): multiply the state by exp(g_t), not by g_t")
+    if close(state, tensor(c["gate_after_write"])):
+        fail("the decay comes before the write: S <- exp(g_t) S first, then the error v_t - S^T k_t is taken "
+             "from the decayed state")
+    fail(f"the gated delta rule's state differs (max error {max_error(state, tensor(c['gated_state'])):.3g}): "
+         "per token, S <- exp(g_t) S, then S <- S + beta_t k_t (v_t - S^T k_t)^T")
