@@ -163,6 +163,17 @@ CLAIMS = {
               > 2 * row(out, "width 1 (greedy)")[-1]),
     ],
     "ch06": [
+        Claim("At the course's width, with 8 heads, MLA's 288 numbers lie between grouped-query attention with two "
+              "key/value heads (256) and multi-head attention (1,024): the latent is as large as the cache of 2.25 "
+              "key/value heads", "def per_token(kind",
+              lambda out: row(out, "MLA (r 256, rope 32)")[-1] == 288 and row(out, "GQA (2 kv heads)")[-1] == 256
+              and row(out, "multi-head (8 kv heads)")[-1] == 1024 and 288 / (2 * 64) == 2.25),
+        Claim("With DeepSeek-V3's 128 heads the latent stays at 576 numbers while multi-head attention would cache "
+              "40,960: 71 times less, 8.6 GiB instead of 610 GiB for a context of 131,072 tokens, and 4.4 times less "
+              "than grouped-query attention with 8 key/value heads", "def per_token(kind",
+              lambda out: row(out, "MLA (r 512, rope 64)")[0] == 576 and row(out, "multi-head (128 heads)")[0] == 40960
+              and row(out, "MLA (r 512, rope 64)")[-1] == 8.6 and row(out, "multi-head (128 heads)")[-1] == 610.0
+              and "multi-head / MLA = 71.1, GQA / MLA = 4.44" in out),
         Claim("the gap widens with the length: the speed-up column", "no cache (tok/s)",
               # each doubling of the length raises the speed-up, four times the length by half at least, and the cache
               # pays at once: 2.2x, 3.5x, 5.8x on one machine; 1.4x, 1.8x, 2.6x on a slower one, and 1.4x, 2.0x, 2.9x

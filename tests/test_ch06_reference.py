@@ -394,7 +394,7 @@ def test_mla_cache_gives_the_full_forward_in_both_forms(prompt, chunk, seed):
     mla = _mla(seed).eval()
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     full, full_cache = mla(x)
-    for path in (mla.forward, mla.absorbed):
+    for path in (mla.forward, lambda *a, **k: mla(*a, **k, absorbed=True)):
         y, past = path(x[:, :prompt])
         pieces = [y]
         for start in range(prompt, 9, chunk):
@@ -410,9 +410,9 @@ def test_mla_absorbed_equals_forward_at_deepseek_like_proportions():
     sizes = dict(n_embd=64, n_head=8, q_rank=24, kv_rank=16, nope_dim=16, rope_dim=8, v_dim=16)
     mla = _mla(1, **sizes).eval()
     x = torch.randn(3, 11, 64, dtype=torch.float64)
-    torch.testing.assert_close(mla.absorbed(x)[0], mla(x)[0])
+    torch.testing.assert_close(mla(x, absorbed=True)[0], mla(x)[0])
     mla32, x32 = mla.float(), x.float()
-    torch.testing.assert_close(mla32.absorbed(x32)[0], mla32(x32)[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mla32(x32, absorbed=True)[0], mla32(x32)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_mla_cache_per_token_is_the_latent_and_one_rotated_key_whatever_the_heads():
@@ -432,7 +432,7 @@ def test_mla_is_causal_and_drops_out_only_in_training():
     mla.train()
     assert not torch.equal(mla(x)[0], mla(x)[0])
     with pytest.raises(RuntimeError, match="eval"):
-        mla.absorbed(x)
+        mla(x, absorbed=True)
 
 
 # ---- speculative decoding -----------------------------------------------------------------------------------------

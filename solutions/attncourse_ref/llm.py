@@ -326,11 +326,15 @@ class MultiHeadLatentAttention(nn.Module):
     rotated, c_kv normalised (kv_norm); wkv_b(c_kv) gives each head [k_nope (nope_dim) | v (v_dim)].  Head h's key
     is [k_nope_h | k_pe], its query [q_nope_h | q_pe_h], the scores are scaled by 1 / sqrt(nope_dim + rope_dim),
     and y = wo(the heads' outputs side by side).  The rotated part is "decoupled": RoPE applied to k_nope would
-    depend on the position, and wkv_b could no longer be absorbed (see ``absorbed``).  No biases; RMSNorms as
+    depend on the position, and wkv_b could no longer be absorbed (``absorbed=True``).  No biases; RMSNorms as
     DeepSeek's (eps 1e-6).
 
-    forward(x [B, T, C], past=None or (c_kv [B, T_past, kv_rank], k_pe [B, T_past, rope_dim])) -> (y [B, T, C],
-    the cache (c_kv, k_pe) of T_past + T positions); the new tokens are at positions T_past .. T_past + T - 1.
+    forward(x [B, T, C], past=None or (c_kv [B, T_past, kv_rank], k_pe [B, T_past, rope_dim]), absorbed=False)
+    -> (y [B, T, C], the cache (c_kv, k_pe) of T_past + T positions); the new tokens are at positions
+    T_past .. T_past + T - 1.  Dropout (training mode): F.scaled_dot_product_attention's dropout_p on the weights,
+    then resid_dropout on the output.  absorbed=True (evaluation only): the same result, up to rounding, without a
+    key or a value ever made, wkv_b absorbed into the queries and the output; a cached token then costs kv_rank +
+    rope_dim numbers per head in the scores.
     """
 
     def __init__(self, n_embd, n_head, q_rank, kv_rank, nope_dim, rope_dim, v_dim, dropout=0.0):
@@ -347,48 +351,36 @@ class MultiHeadLatentAttention(nn.Module):
         self.wo = nn.Linear(n_head * v_dim, n_embd, bias=False)
         self.resid_dropout = nn.Dropout(dropout)
 
-    def _queries_and_cache(self, x, past):
-        """(q_nope [B, H, T, nope_dim], q_pe [B, H, T, rope_dim], c_kv [B, S, kv_rank], k_pe [B, S, rope_dim],
-        the mask [T, S]) with S = T_past + T: the past's latents and keys, then the new tokens'."""
+    def forward(self, x, past=None, absorbed=False):
         B, T, _ = x.shape
+        H, r, nope, rope = self.n_head, self.kv_rank, self.nope_dim, self.rope_dim
         t_past = 0 if past is None else past[0].shape[1]
         positions = torch.arange(t_past, t_past + T, device=x.device)
-        q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, self.n_head, -1).transpose(1, 2)
-        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
-        c_kv, k_pe = self.wkv_a(x).split([self.kv_rank, self.rope_dim], dim=-1)
-        c_kv, k_pe = self.kv_norm(c_kv), apply_rope(k_pe, positions)
+        q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, H, nope + rope).transpose(1, 2)
+        q_nope, q_pe = q.split([nope, rope], dim=-1)
+        q_pe = apply_rope(q_pe, positions)
+        c_kv, k_pe = self.wkv_a(x).split([r, rope], dim=-1)
+        c_kv, k_pe = self.kv_norm(c_kv), apply_rope(k_pe, positions)          # what the cache keeps
         if past is not None:
             c_kv, k_pe = torch.cat([past[0], c_kv], dim=1), torch.cat([past[1], k_pe], dim=1)
-        mask = torch.ones(T, t_past + T, dtype=torch.bool, device=x.device).tril(t_past)
-        return q_nope, apply_rope(q_pe, positions), c_kv, k_pe, mask
-
-    def forward(self, x, past=None):
-        B, T, _ = x.shape
-        q_nope, q_pe, c_kv, k_pe, mask = self._queries_and_cache(x, past)
-        S, H = c_kv.shape[1], self.n_head
-        k_nope, v = self.wkv_b(c_kv).view(B, S, H, -1).transpose(1, 2).split([self.nope_dim, self.v_dim], dim=-1)
-        q = torch.cat([q_nope, q_pe], dim=-1)
-        k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, self.rope_dim)], dim=-1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        S = c_kv.shape[1]
+        mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(t_past)
+        if not absorbed:
+            k_nope, v = self.wkv_b(c_kv).view(B, S, H, nope + self.v_dim).transpose(1, 2).split([nope, self.v_dim], -1)
+            k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, rope)], dim=-1)   # one rotated key for all heads
+            y = F.scaled_dot_product_attention(torch.cat([q_nope, q_pe], dim=-1), k, v, attn_mask=mask,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        else:
+            # DeepSeek's decoding: no key or value is made.  wkv_b's key rows w_k turn q_nope into a query in the
+            # latent space, scored against c_kv itself; its value rows w_v map the weighted average of the latents.
+            if self.training and self.dropout > 0:
+                raise RuntimeError("absorbed=True is the evaluation path: call .eval() first (it applies no dropout)")
+            w_k, w_v = self.wkv_b.weight.view(H, nope + self.v_dim, r).split([nope, self.v_dim], dim=1)
+            scores = (torch.einsum("bhtd,hdr->bhtr", q_nope, w_k) @ c_kv[:, None].transpose(-2, -1)
+                      + q_pe @ k_pe[:, None].transpose(-2, -1)) / math.sqrt(nope + rope)
+            weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            y = torch.einsum("bhtr,hvr->bhtv", weights @ c_kv[:, None], w_v)
         return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (c_kv, k_pe)
-
-    def absorbed(self, x, past=None):
-        """forward without a key or a value ever made (evaluation: no dropout), as DeepSeek decodes: wkv_b's key
-        rows are absorbed into the queries (q_nope_h W_k,h is a query in the latent space, scored against c_kv
-        itself) and its value rows into the output (the weights average the latents; W_v,h then maps the average).
-        The same result as forward up to rounding, at a cost per cached token of kv_rank + rope_dim per head."""
-        if self.training and self.dropout > 0:
-            raise RuntimeError("absorbed() is the evaluation path: call .eval() first (it applies no dropout)")
-        B, T, _ = x.shape
-        q_nope, q_pe, c_kv, k_pe, mask = self._queries_and_cache(x, past)
-        w_k, w_v = self.wkv_b.weight.view(self.n_head, self.nope_dim + self.v_dim, self.kv_rank).split(
-            [self.nope_dim, self.v_dim], dim=1)                           # [H, nope_dim, r], [H, v_dim, r]
-        q_latent = torch.einsum("bhtd,hdr->bhtr", q_nope, w_k)
-        scores = (q_latent @ c_kv[:, None].transpose(-2, -1) + q_pe @ k_pe[:, None].transpose(-2, -1)) \
-            / math.sqrt(self.nope_dim + self.rope_dim)
-        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = torch.einsum("bhtr,hvr->bthv", weights @ c_kv[:, None], w_v).reshape(B, T, self.n_head * self.v_dim)
-        return self.wo(y), (c_kv, k_pe)
 
 
 # ---- speculative decoding ------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """Known-wrong implementations for chapter 06 (see tests/zoo/__init__.py)."""
 import collections
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attncourse_ref.llm import IGNORE_INDEX, PAD_TOKEN, Block, merge_pair
+from attncourse_ref.positional import apply_rope
 
 from . import collector
 
@@ -879,3 +881,219 @@ def spec_global_rng(target_probs, draft_probs, draft_tokens, generator=None):
     padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], PAD_TOKEN)], dim=-1)
     out = torch.where(position < n[..., None], padded, PAD_TOKEN)
     return torch.where(position == n[..., None], nxt[..., None], out)
+
+
+MLA_ALL = {"test_mla", "test_mla_cache", "test_mla_absorbed"}
+MLA_CACHED = {"test_mla_cache", "test_mla_absorbed"}
+
+
+# ---- multi-head latent attention (apply_rope: the learner's, pasted from chapter 04) -----------------------------
+@_add("the queries' rope part not rotated", "mla", MLA_ALL, "check_mla",
+      "not rotated")
+def mla_query_not_rotated(self, x, past=None, absorbed=False):
+    B, T, _ = x.shape
+    H, r, nope, rope = self.n_head, self.kv_rank, self.nope_dim, self.rope_dim
+    t_past = 0 if past is None else past[0].shape[1]
+    positions = torch.arange(t_past, t_past + T, device=x.device)
+    q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, H, nope + rope).transpose(1, 2)
+    q_nope, q_pe = q.split([nope, rope], dim=-1)
+    c_kv, k_pe = self.wkv_a(x).split([r, rope], dim=-1)
+    c_kv, k_pe = self.kv_norm(c_kv), apply_rope(k_pe, positions)
+    if past is not None:
+        c_kv, k_pe = torch.cat([past[0], c_kv], dim=1), torch.cat([past[1], k_pe], dim=1)
+    S = c_kv.shape[1]
+    mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(t_past)
+    if not absorbed:
+        k_nope, v = self.wkv_b(c_kv).view(B, S, H, nope + self.v_dim).transpose(1, 2).split([nope, self.v_dim], -1)
+        k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, rope)], dim=-1)
+        y = F.scaled_dot_product_attention(torch.cat([q_nope, q_pe], dim=-1), k, v, attn_mask=mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+    else:
+        w_k, w_v = self.wkv_b.weight.view(H, nope + self.v_dim, r).split([nope, self.v_dim], dim=1)
+        scores = (torch.einsum("bhtd,hdr->bhtr", q_nope, w_k) @ c_kv[:, None].transpose(-2, -1)
+                  + q_pe @ k_pe[:, None].transpose(-2, -1)) / math.sqrt(nope + rope)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = torch.einsum("bhtr,hvr->bhtv", weights @ c_kv[:, None], w_v)
+    return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (c_kv, k_pe)
+
+
+@_add("scores scaled by 1 / sqrt(nope_dim)", "mla", MLA_ALL, "check_mla",
+      "1 / sqrt(nope_dim + rope_dim)")
+def mla_scale_nope(self, x, past=None, absorbed=False):
+    B, T, _ = x.shape
+    H, r, nope, rope = self.n_head, self.kv_rank, self.nope_dim, self.rope_dim
+    t_past = 0 if past is None else past[0].shape[1]
+    positions = torch.arange(t_past, t_past + T, device=x.device)
+    q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, H, nope + rope).transpose(1, 2)
+    q_nope, q_pe = q.split([nope, rope], dim=-1)
+    q_pe = apply_rope(q_pe, positions)
+    c_kv, k_pe = self.wkv_a(x).split([r, rope], dim=-1)
+    c_kv, k_pe = self.kv_norm(c_kv), apply_rope(k_pe, positions)
+    if past is not None:
+        c_kv, k_pe = torch.cat([past[0], c_kv], dim=1), torch.cat([past[1], k_pe], dim=1)
+    S = c_kv.shape[1]
+    mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(t_past)
+    if not absorbed:
+        k_nope, v = self.wkv_b(c_kv).view(B, S, H, nope + self.v_dim).transpose(1, 2).split([nope, self.v_dim], -1)
+        k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, rope)], dim=-1)
+        y = F.scaled_dot_product_attention(torch.cat([q_nope, q_pe], dim=-1), k, v, attn_mask=mask,
+                                           dropout_p=self.dropout if self.training else 0.0, scale=nope ** -0.5)
+    else:
+        w_k, w_v = self.wkv_b.weight.view(H, nope + self.v_dim, r).split([nope, self.v_dim], dim=1)
+        scores = (torch.einsum("bhtd,hdr->bhtr", q_nope, w_k) @ c_kv[:, None].transpose(-2, -1)
+                  + q_pe @ k_pe[:, None].transpose(-2, -1)) / math.sqrt(nope)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = torch.einsum("bhtr,hvr->bhtv", weights @ c_kv[:, None], w_v)
+    return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (c_kv, k_pe)
+
+
+@_add("the cache keeps the latents before kv_norm", "mla", MLA_ALL, "check_mla",
+      "after kv_norm")
+def mla_cache_not_normalised(self, x, past=None, absorbed=False):
+    B, T, _ = x.shape
+    H, r, nope, rope = self.n_head, self.kv_rank, self.nope_dim, self.rope_dim
+    t_past = 0 if past is None else past[0].shape[1]
+    positions = torch.arange(t_past, t_past + T, device=x.device)
+    q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, H, nope + rope).transpose(1, 2)
+    q_nope, q_pe = q.split([nope, rope], dim=-1)
+    q_pe = apply_rope(q_pe, positions)
+    c_kv, k_pe = self.wkv_a(x).split([r, rope], dim=-1)
+    latent, k_pe = c_kv, apply_rope(k_pe, positions)
+    c_kv = self.kv_norm(latent)
+    if past is not None:
+        c_kv, k_pe = torch.cat([past[0], c_kv], dim=1), torch.cat([past[1], k_pe], dim=1)
+        latent = torch.cat([past[0], latent], dim=1)
+    S = c_kv.shape[1]
+    mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(t_past)
+    if not absorbed:
+        k_nope, v = self.wkv_b(c_kv).view(B, S, H, nope + self.v_dim).transpose(1, 2).split([nope, self.v_dim], -1)
+        k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, rope)], dim=-1)
+        y = F.scaled_dot_product_attention(torch.cat([q_nope, q_pe], dim=-1), k, v, attn_mask=mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+    else:
+        w_k, w_v = self.wkv_b.weight.view(H, nope + self.v_dim, r).split([nope, self.v_dim], dim=1)
+        scores = (torch.einsum("bhtd,hdr->bhtr", q_nope, w_k) @ c_kv[:, None].transpose(-2, -1)
+                  + q_pe @ k_pe[:, None].transpose(-2, -1)) / math.sqrt(nope + rope)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = torch.einsum("bhtr,hvr->bhtv", weights @ c_kv[:, None], w_v)
+    return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (latent, k_pe)
+
+
+@_add("new tokens rotated at positions 0 .. T - 1 after a cache", "mla", MLA_CACHED, "check_mla_cache",
+      "positions T_past")
+def mla_positions_from_zero(self, x, past=None, absorbed=False):
+    B, T, _ = x.shape
+    H, r, nope, rope = self.n_head, self.kv_rank, self.nope_dim, self.rope_dim
+    t_past = 0 if past is None else past[0].shape[1]
+    positions = torch.arange(T, device=x.device)
+    q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, H, nope + rope).transpose(1, 2)
+    q_nope, q_pe = q.split([nope, rope], dim=-1)
+    q_pe = apply_rope(q_pe, positions)
+    c_kv, k_pe = self.wkv_a(x).split([r, rope], dim=-1)
+    c_kv, k_pe = self.kv_norm(c_kv), apply_rope(k_pe, positions)
+    if past is not None:
+        c_kv, k_pe = torch.cat([past[0], c_kv], dim=1), torch.cat([past[1], k_pe], dim=1)
+    S = c_kv.shape[1]
+    mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(t_past)
+    if not absorbed:
+        k_nope, v = self.wkv_b(c_kv).view(B, S, H, nope + self.v_dim).transpose(1, 2).split([nope, self.v_dim], -1)
+        k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, rope)], dim=-1)
+        y = F.scaled_dot_product_attention(torch.cat([q_nope, q_pe], dim=-1), k, v, attn_mask=mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+    else:
+        w_k, w_v = self.wkv_b.weight.view(H, nope + self.v_dim, r).split([nope, self.v_dim], dim=1)
+        scores = (torch.einsum("bhtd,hdr->bhtr", q_nope, w_k) @ c_kv[:, None].transpose(-2, -1)
+                  + q_pe @ k_pe[:, None].transpose(-2, -1)) / math.sqrt(nope + rope)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = torch.einsum("bhtr,hvr->bhtv", weights @ c_kv[:, None], w_v)
+    return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (c_kv, k_pe)
+
+
+@_add("causal mask not shifted by the cache", "mla", MLA_CACHED, "check_mla_cache",
+      "must be shifted")
+def mla_mask_top_left(self, x, past=None, absorbed=False):
+    B, T, _ = x.shape
+    H, r, nope, rope = self.n_head, self.kv_rank, self.nope_dim, self.rope_dim
+    t_past = 0 if past is None else past[0].shape[1]
+    positions = torch.arange(t_past, t_past + T, device=x.device)
+    q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, H, nope + rope).transpose(1, 2)
+    q_nope, q_pe = q.split([nope, rope], dim=-1)
+    q_pe = apply_rope(q_pe, positions)
+    c_kv, k_pe = self.wkv_a(x).split([r, rope], dim=-1)
+    c_kv, k_pe = self.kv_norm(c_kv), apply_rope(k_pe, positions)
+    if past is not None:
+        c_kv, k_pe = torch.cat([past[0], c_kv], dim=1), torch.cat([past[1], k_pe], dim=1)
+    S = c_kv.shape[1]
+    mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(0)
+    if not absorbed:
+        k_nope, v = self.wkv_b(c_kv).view(B, S, H, nope + self.v_dim).transpose(1, 2).split([nope, self.v_dim], -1)
+        k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, rope)], dim=-1)
+        y = F.scaled_dot_product_attention(torch.cat([q_nope, q_pe], dim=-1), k, v, attn_mask=mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+    else:
+        w_k, w_v = self.wkv_b.weight.view(H, nope + self.v_dim, r).split([nope, self.v_dim], dim=1)
+        scores = (torch.einsum("bhtd,hdr->bhtr", q_nope, w_k) @ c_kv[:, None].transpose(-2, -1)
+                  + q_pe @ k_pe[:, None].transpose(-2, -1)) / math.sqrt(nope + rope)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = torch.einsum("bhtr,hvr->bhtv", weights @ c_kv[:, None], w_v)
+    return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (c_kv, k_pe)
+
+
+@_add("no dropout on the attention weights", "mla", {"test_mla"}, "check_mla",
+      "get no dropout")
+def mla_no_attention_dropout(self, x, past=None, absorbed=False):
+    B, T, _ = x.shape
+    H, r, nope, rope = self.n_head, self.kv_rank, self.nope_dim, self.rope_dim
+    t_past = 0 if past is None else past[0].shape[1]
+    positions = torch.arange(t_past, t_past + T, device=x.device)
+    q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, H, nope + rope).transpose(1, 2)
+    q_nope, q_pe = q.split([nope, rope], dim=-1)
+    q_pe = apply_rope(q_pe, positions)
+    c_kv, k_pe = self.wkv_a(x).split([r, rope], dim=-1)
+    c_kv, k_pe = self.kv_norm(c_kv), apply_rope(k_pe, positions)
+    if past is not None:
+        c_kv, k_pe = torch.cat([past[0], c_kv], dim=1), torch.cat([past[1], k_pe], dim=1)
+    S = c_kv.shape[1]
+    mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(t_past)
+    if not absorbed:
+        k_nope, v = self.wkv_b(c_kv).view(B, S, H, nope + self.v_dim).transpose(1, 2).split([nope, self.v_dim], -1)
+        k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, rope)], dim=-1)
+        y = F.scaled_dot_product_attention(torch.cat([q_nope, q_pe], dim=-1), k, v, attn_mask=mask,
+                                           dropout_p=0.0)
+    else:
+        w_k, w_v = self.wkv_b.weight.view(H, nope + self.v_dim, r).split([nope, self.v_dim], dim=1)
+        scores = (torch.einsum("bhtd,hdr->bhtr", q_nope, w_k) @ c_kv[:, None].transpose(-2, -1)
+                  + q_pe @ k_pe[:, None].transpose(-2, -1)) / math.sqrt(nope + rope)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = torch.einsum("bhtr,hvr->bhtv", weights @ c_kv[:, None], w_v)
+    return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (c_kv, k_pe)
+
+
+@_add("absorbed=True that builds the keys and values", "mla", {"test_mla_absorbed"}, "check_mla_absorbed",
+      "builds the heads' keys")
+def mla_absorbed_builds_keys(self, x, past=None, absorbed=False):
+    B, T, _ = x.shape
+    H, r, nope, rope = self.n_head, self.kv_rank, self.nope_dim, self.rope_dim
+    t_past = 0 if past is None else past[0].shape[1]
+    positions = torch.arange(t_past, t_past + T, device=x.device)
+    q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, H, nope + rope).transpose(1, 2)
+    q_nope, q_pe = q.split([nope, rope], dim=-1)
+    q_pe = apply_rope(q_pe, positions)
+    c_kv, k_pe = self.wkv_a(x).split([r, rope], dim=-1)
+    c_kv, k_pe = self.kv_norm(c_kv), apply_rope(k_pe, positions)
+    if past is not None:
+        c_kv, k_pe = torch.cat([past[0], c_kv], dim=1), torch.cat([past[1], k_pe], dim=1)
+    S = c_kv.shape[1]
+    mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(t_past)
+    if True:                                       # absorbed or not
+        k_nope, v = self.wkv_b(c_kv).view(B, S, H, nope + self.v_dim).transpose(1, 2).split([nope, self.v_dim], -1)
+        k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, rope)], dim=-1)
+        y = F.scaled_dot_product_attention(torch.cat([q_nope, q_pe], dim=-1), k, v, attn_mask=mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+    else:
+        w_k, w_v = self.wkv_b.weight.view(H, nope + self.v_dim, r).split([nope, self.v_dim], dim=1)
+        scores = (torch.einsum("bhtd,hdr->bhtr", q_nope, w_k) @ c_kv[:, None].transpose(-2, -1)
+                  + q_pe @ k_pe[:, None].transpose(-2, -1)) / math.sqrt(nope + rope)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = torch.einsum("bhtr,hvr->bhtv", weights @ c_kv[:, None], w_v)
+    return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (c_kv, k_pe)

@@ -193,10 +193,10 @@ def _judge(test_id, cases, answer, got, peaks):
                 reason = "its peak memory was not measured (the case must run between 'begin' and 'end')"
             elif peak > limit:
                 reason = (f"peak memory grew by {peak / 2**20:.1f} MiB while it ran; the exercise allows "
-                          f"{limit / 2**20:.1f} MiB (it must never build the full score matrix)")
+                          f"{limit / 2**20:.1f} MiB (far less than the tensor the case's description names)")
             elif touched is not None and touched > TOUCH_FACTOR * limit:
                 reason = (f"it read or wrote {touched / 2**20:.1f} MiB of memory while it ran; the exercise allows "
-                          f"{TOUCH_FACTOR * limit / 2**20:.1f} MiB (a full score matrix written into memory made "
+                          f"{TOUCH_FACTOR * limit / 2**20:.1f} MiB (such a tensor written into memory made "
                           f"before the case counts too)")
         if reason:
             failures.append(f"case {i + 1} {case.describe}: {reason}")

@@ -6,6 +6,7 @@ import warnings
 from importlib import resources
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ..i18n import translate
 
@@ -241,3 +242,18 @@ def module_dtypes(module, args, what, **kwargs):
                  "inputs' dtype (dtype=x.dtype) and do not call .double() inside forward")
         if tuple(g.shape) != tuple(e.shape) or not _agrees(g, e):
             fail(f"{what}: the float32 module disagrees with the float64 one beyond float32 rounding")
+
+
+class LargestTensor(TorchFunctionMode):
+    """``with LargestTensor() as seen:`` records in ``seen.largest`` the most elements of any tensor a torch function
+    or tensor method returned: what a check needs to tell a state or a latent from a T x T table or a full key.  (The
+    profiler's memory timeline costs seconds on a loop of small steps; a TorchDispatchMode imports torch._dynamo on
+    first use, 3.6 s.)"""
+    largest = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor):
+                self.largest = max(self.largest, o.numel())
+        return out

@@ -1,12 +1,11 @@
 """Visible checks for chapter 03: multi-head attention and its cost."""
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..memory import peak_memory
 from .ch02 import SDPA_ALLOWED, SDPA_BUILTINS
-from ._core import (build_module, call, close, dtypes_and_gradients, expect_pair, expect_tensor, fail, forbidding,
-                    load_cases, max_error, module_dtypes, ok, require_callable, tensor)
+from ._core import (LargestTensor, build_module, call, close, dtypes_and_gradients, expect_pair, expect_tensor, fail,
+                    forbidding, load_cases, max_error, module_dtypes, ok, require_callable, tensor)
 
 # From scratch: the built-ins these exercises re-implement (the hidden tests forbid the same).
 MHA_BUILTINS = ("torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward",
@@ -336,24 +335,12 @@ def _linear_mistakes(got, c, name):
              "k_t to z) first, then read with q_t, as the parallel form's diagonal includes s = t")
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the most elements of any tensor an operation returns (cheaper than the profiler on a loop)."""
-    largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for o in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(o, torch.Tensor):
-                self.largest = max(self.largest, o.numel())
-        return out
-
-
 def _quadratic_memory(fn, what, *args):
     """Fail a function that builds the T x T table of the parallel form on a sequence where it would show."""
     n = 1024
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.rand(n, 8, generator=g) + 0.1 for _ in range(3))
-    with _LargestTensor() as seen:
+    with LargestTensor() as seen:
         call(fn, q, k, v, *args, what=f"{what} on T = {n}")
     if seen.largest >= n * n // 4:
         fail(f"{what} made a tensor of {seen.largest:,} numbers on T = {n}: it builds the T x T table of the "

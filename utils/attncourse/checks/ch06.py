@@ -5,8 +5,8 @@ import torch
 
 from ..autograde import bare_module
 from .ch03 import MHA_BUILTINS
-from ._core import (NotDoneYet, build_module, call, close, expect_tensor, fail, forbidding, load_cases, max_error, ok,
-                    require_callable, same, tensor)
+from ._core import (LargestTensor, NotDoneYet, build_module, call, close, expect_tensor, fail, forbidding, load_cases,
+                    max_error, ok, require_callable, same, tensor)
 
 NO_MHA = MHA_BUILTINS
 IGNORE = -100
@@ -961,3 +961,141 @@ def check_speculative_step(fn):
     expect_tensor(single, "the result for one sequence (p [4, 6], q [3, 6], x [3])", shape=(4,), dtype=torch.long)
     ok(f"speculative_step: accepted {share:.0%} where min(1, p / q) = 50%, corrections from max(0, p - q), bonus from "
        "p_(k+1), reproducible")
+
+
+# ---- multi-head latent attention --------------------------------------------------------------------------------
+def _mla_call(module, what, *args, **kwargs):
+    """(y, c_kv, k_pe) of a MultiHeadLatentAttention call, with PyTorch's attention modules forbidden."""
+    try:
+        with forbidding(NO_MHA, "MultiHeadLatentAttention"):
+            out = module(*args, **kwargs)
+    except NotImplementedError:
+        fail("MultiHeadLatentAttention.forward is not implemented yet: replace `raise NotImplementedError()`",
+             NotDoneYet)
+    except Exception as exc:
+        fail(f"{what} raised {type(exc).__name__}: {exc}")
+    y, cache = _pair(out, "MultiHeadLatentAttention.forward")
+    c_kv, k_pe = _pair(cache, "the cache returned by MultiHeadLatentAttention.forward")
+    return y, c_kv, k_pe
+
+
+def _mla_cache_shapes(c_kv, k_pe, t):
+    expect_tensor(c_kv, "the cached latents c_kv", shape=(2, t, 4))
+    expect_tensor(k_pe, "the cached rotated keys k_pe", shape=(2, t, 2))
+
+
+@torch.no_grad()
+def check_mla(cls):
+    """Check MultiHeadLatentAttention(...).forward(x) -> (y, (c_kv, k_pe)) without a cache."""
+    c = _data()["mla"]
+    module = build_module(cls, c["init"], "MultiHeadLatentAttention", c["state"])
+    x = tensor(c["x"])
+    y, c_kv, k_pe = _mla_call(module, "MultiHeadLatentAttention.forward(x)", x)
+    expect_tensor(y, "the output y", shape=(2, 5, 12))
+    _mla_cache_shapes(c_kv, k_pe, 5)
+    if not close(c_kv, tensor(c["c_kv"])):
+        if close(c_kv, tensor(c["c_kv_not_normalised"])):
+            fail("the cache should hold the latents after kv_norm: c_kv, k_pe = wkv_a(x).split([kv_rank, rope_dim], "
+                 "-1), then c_kv = kv_norm(c_kv); keys and values are made from the normalised latents")
+        fail("the cached latents differ: c_kv = kv_norm(the first kv_rank features of wkv_a(x))")
+    if not close(k_pe, tensor(c["k_pe"])):
+        fail("the cached keys k_pe should be the last rope_dim features of wkv_a(x), rotated by your apply_rope at "
+             "positions 0 .. T - 1 (one key for all heads)")
+    if not close(y, tensor(c["y"])):
+        x2 = x.clone()
+        x2[:, -1] += 1.0
+        y2 = _mla_call(module, "MultiHeadLatentAttention.forward(x)", x2)[0]
+        if max_error(y[:, :-1], y2[:, :-1]) > 1e-9:
+            fail("changing the last token changed the outputs at earlier positions: the attention is not causal")
+        if close(y, tensor(c["y_query_not_rotated"])):
+            fail("your queries' rope part is not rotated: rotate q_pe with apply_rope at the tokens' positions, as "
+                 "k_pe is; without it the scores cannot depend on relative positions")
+        if close(y, tensor(c["y_scale_nope"])):
+            fail("scale the scores by 1 / sqrt(nope_dim + rope_dim), the width of the whole query [q_nope | q_pe]")
+        fail(f"the output differs from the expected one (max error {max_error(y, tensor(c['y'])):.3g}): per head, "
+             "query [q_nope | rotated q_pe], key [k_nope | the shared rotated k_pe], value v, with k_nope and v from "
+             "wkv_b(c_kv); causal attention; heads side by side, then wo")
+    dropping = build_module(cls, {**c["init"], "dropout": 0.5}, "MultiHeadLatentAttention", c["state"]).train()
+    with torch.random.fork_rng():
+        torch.manual_seed(13)
+        y_train = _mla_call(dropping, "MultiHeadLatentAttention(dropout=0.5) in training mode", x)[0]
+    if not close(y_train, tensor(c["y_train"])):
+        if close(y_train, tensor(c["y_train_resid_only"])):
+            fail("in training mode the attention weights get no dropout: pass dropout_p=self.dropout if "
+                 "self.training else 0.0 to F.scaled_dot_product_attention (self.resid_dropout on the output is right)")
+        fail("in training mode (dropout=0.5, torch.manual_seed(13) first) your layer differs from the expected "
+             "output: dropout_p=self.dropout if self.training else 0.0 on the attention weights, then "
+             "self.resid_dropout on wo's output")
+    dropping.eval()
+    if not close(_mla_call(dropping, "MultiHeadLatentAttention(dropout=0.5) in evaluation mode", x)[0], tensor(c["y"])):
+        fail("in evaluation mode (module.eval()) dropout must do nothing: use dropout_p=self.dropout if "
+             "self.training else 0.0, and the nn.Dropout module self.resid_dropout")
+    y32 = _mla_call(module.float(), "MultiHeadLatentAttention in float32", x.float())[0]
+    if y32.dtype != torch.float32 or not close(y32, tensor(c["y"]), atol=1e-4):
+        fail("in float32 the module should return float32 outputs matching float64 to 1e-4")
+    ok("MultiHeadLatentAttention: keys and values from the latents, a decoupled rotated key shared by the heads; "
+       "the cache holds the latents and that key")
+
+
+@torch.no_grad()
+def _check_mla_with_cache(cls, absorbed):
+    c = _data()["mla"]
+    module = build_module(cls, c["init"], "MultiHeadLatentAttention", c["state"]).eval()
+    past = (tensor(c["past_c_kv"]), tensor(c["past_k_pe"]))
+    what = ("MultiHeadLatentAttention.forward(x, past, absorbed=True)" if absorbed else
+            "MultiHeadLatentAttention.forward(x, past)")
+    kwargs = {"absorbed": True} if absorbed else {}
+    y, c_kv, k_pe = _mla_call(module, f"{what} with a cache of 3 tokens", tensor(c["x_new"]), past, **kwargs)
+    expect_tensor(y, "the output y", shape=(2, 2, 12))
+    _mla_cache_shapes(c_kv, k_pe, 5)
+    if not close(y, tensor(c["y_cached"])):
+        if close(y, tensor(c["y_cached_positions_from_0"])):
+            fail("with a cache, the new tokens sit at positions T_past .. T_past + T - 1: rotate their q_pe and k_pe "
+                 "at those positions, not at 0 .. T - 1")
+        if close(y, tensor(c["y_cached_top_left"])):
+            fail("with a cache the causal mask must be shifted: new query i sits at position T_past + i and sees "
+                 "keys 0 .. T_past + i")
+    if not (close(c_kv, tensor(c["c_kv_cached"])) and close(k_pe, tensor(c["k_pe_cached"]))):
+        fail("the returned cache should be torch.cat([past, new], dim=1) for c_kv and for k_pe: the past first, "
+             "the new tokens' normalised latents and rotated keys after it")
+    if not close(y, tensor(c["y_cached"])):
+        fail(f"{what}: with a cache the output differs from the expected one (max error "
+             f"{max_error(y, tensor(c['y_cached'])):.3g})")
+
+
+def check_mla_cache(cls):
+    """Check MultiHeadLatentAttention.forward(x, past): continuing from a cache of (c_kv, k_pe)."""
+    _check_mla_with_cache(cls, absorbed=False)
+    ok("MultiHeadLatentAttention with a cache: the latents and the rotated keys grow along time, positions and mask "
+       "shifted by the past")
+
+
+@torch.no_grad()
+def check_mla_absorbed(cls):
+    """Check forward(x, past, absorbed=True): the plain path's output, without a key or a value ever made."""
+    _check_mla_with_cache(cls, absorbed=True)
+    # One new token against a cache of 64: the keys of the plain path, wkv_b(c_kv), hold 65 x 8 x (16 + 16) numbers;
+    # the absorbed path's largest tensor is the scores or a view of wkv_b's weight (a few hundred).
+    init = {"n_embd": 16, "n_head": 8, "q_rank": 8, "kv_rank": 4, "nope_dim": 16, "rope_dim": 2, "v_dim": 16}
+    try:
+        wide = cls(**init).double().eval()
+    except Exception as exc:
+        fail(f"MultiHeadLatentAttention(**{init}) raised {type(exc).__name__}: {exc}")
+    g = torch.Generator().manual_seed(0)
+    past = (torch.randn(1, 64, 4, generator=g, dtype=torch.float64),
+            torch.randn(1, 64, 2, generator=g, dtype=torch.float64))
+    x = torch.randn(1, 1, 16, generator=g, dtype=torch.float64)
+    with LargestTensor() as seen:
+        y = _mla_call(wide, "forward(x, past, absorbed=True) with 8 heads and a cache of 64 tokens", x, past,
+                      absorbed=True)[0]
+    keys = 65 * 8 * 16
+    if seen.largest >= keys:
+        fail(f"absorbed=True made a tensor of {seen.largest:,} numbers decoding one token against 64 cached ones: it "
+             f"builds the heads' keys or values from the latents (wkv_b(c_kv), {keys:,} numbers each). Absorb wkv_b "
+             "instead: its key rows into the query (q_nope @ w_k, scored against c_kv), its value rows into the output")
+    y_plain = _mla_call(wide, "forward(x, past)", x, past)[0]
+    if not close(y, y_plain, atol=1e-9):
+        fail(f"with 8 heads and a cache of 64 tokens, absorbed=True differs from the plain path (max error "
+             f"{max_error(y, y_plain):.3g})")
+    ok(f"absorbed=True gives the plain path's output, and decoding one token against 64 cached ones it made no "
+       f"tensor larger than {seen.largest:,} numbers (the plain path's keys: {keys:,})")
