@@ -236,7 +236,7 @@ def linear_attention_chunked(rng):
         [_linear_memory_case(rng, ref.linear_attention_chunked, (64,))]
 
 
-def _delta_inputs(rng, i, gated):
+def _delta_case(rng, i, gated):
     lead = [(), (2,), (2, 3), (1,), (3,), ()][i]
     dtype = torch.float32 if i == 3 else torch.float64
     t, dk, dv = int(rng.integers(1, 13)), int(rng.integers(1, 7)), int(rng.integers(1, 7))
@@ -256,12 +256,12 @@ def _delta_inputs(rng, i, gated):
 
 @hidden_test("ch03.delta_rule")
 def delta_rule(rng):
-    return [_delta_inputs(rng, i, gated=False) for i in range(6)]
+    return [_delta_case(rng, i, gated=False) for i in range(6)]
 
 
 @hidden_test("ch03.delta_rule_gated")
 def delta_rule_gated(rng):
-    return [_delta_inputs(rng, i, gated=True) for i in range(6)]
+    return [_delta_case(rng, i, gated=True) for i in range(6)]
 
 
 def _linear_check_data(g):
