@@ -222,25 +222,25 @@ def _kv(out, what):
 
 
 @torch.no_grad()
-def _check_dropout_and_float32(cls, c, module, x, name):
-    """The attention layer ``name`` (CausalSelfAttention or GroupedQueryAttention) with dropout 0.5 in training
-    mode, after torch.manual_seed(13), in evaluation mode, and in float32: the cases' y_train,
-    y_train_resid_only and y."""
+def _check_dropout_and_float32(cls, c, module, x, name, proj="c_proj"):
+    """The attention layer ``name`` (CausalSelfAttention, GroupedQueryAttention or MultiHeadLatentAttention, whose
+    output projection is ``proj``) with dropout 0.5 in training mode, after torch.manual_seed(13), in evaluation
+    mode, and in float32: the cases' y_train, y_train_resid_only and y."""
     dropping = build_module(cls, {**c["init"], "dropout": 0.5}, name, c["state"]).train()
     with torch.random.fork_rng(), forbidding(NO_MHA, name):
         torch.manual_seed(13)
         y_train = _kv(call(dropping, x, what=f"{name}(dropout=0.5) in training mode"), f"{name}.forward")[0]
     if not close(y_train, tensor(c["y_train"])):
         if close(y_train, tensor(c["y"])):
-            fail("in training mode (dropout=0.5) your attention gives its evaluation output: dropout is never applied. "
+            fail(f"in training mode (dropout=0.5) your attention gives its evaluation output: dropout is never applied. "
                  "Pass dropout_p=self.dropout if self.training else 0.0 to F.scaled_dot_product_attention and apply "
-                 "self.resid_dropout to c_proj's output")
+                 f"self.resid_dropout to {proj}'s output")
         if close(y_train, tensor(c["y_train_resid_only"])):
             fail("in training mode the attention weights get no dropout: pass dropout_p=self.dropout if self.training "
                  "else 0.0 to F.scaled_dot_product_attention (self.resid_dropout on the output is right)")
-        fail("in training mode (dropout=0.5, torch.manual_seed(13) first) your attention differs from the expected "
+        fail(f"in training mode (dropout=0.5, torch.manual_seed(13) first) your attention differs from the expected "
              "output: dropout_p=self.dropout if self.training else 0.0 on the attention weights, then "
-             "self.resid_dropout on c_proj's output")
+             f"self.resid_dropout on {proj}'s output")
     dropping.eval()
     with torch.random.fork_rng(), forbidding(NO_MHA, name):
         y_eval = _kv(call(dropping, x, what=f"{name}(dropout=0.5) in evaluation mode"), f"{name}.forward")[0]
@@ -966,16 +966,8 @@ def check_speculative_step(fn):
 # ---- multi-head latent attention --------------------------------------------------------------------------------
 def _mla_call(module, what, *args, **kwargs):
     """(y, c_kv, k_pe) of a MultiHeadLatentAttention call, with PyTorch's attention modules forbidden."""
-    try:
-        with forbidding(NO_MHA, "MultiHeadLatentAttention"):
-            out = module(*args, **kwargs)
-    except NotImplementedError:
-        fail("MultiHeadLatentAttention.forward is not implemented yet: replace `raise NotImplementedError()`",
-             NotDoneYet)
-    except Exception as exc:
-        fail(f"{what} raised {type(exc).__name__}: {exc}")
-    y, cache = _pair(out, "MultiHeadLatentAttention.forward")
-    c_kv, k_pe = _pair(cache, "the cache returned by MultiHeadLatentAttention.forward")
+    with forbidding(NO_MHA, "MultiHeadLatentAttention"):
+        y, c_kv, k_pe = _kv(call(module, *args, what=what, **kwargs), "MultiHeadLatentAttention.forward")
     return y, c_kv, k_pe
 
 
@@ -1015,24 +1007,7 @@ def check_mla(cls):
         fail(f"the output differs from the expected one (max error {max_error(y, tensor(c['y'])):.3g}): per head, "
              "query [q_nope | rotated q_pe], key [k_nope | the shared rotated k_pe], value v, with k_nope and v from "
              "wkv_b(c_kv); causal attention; heads side by side, then wo")
-    dropping = build_module(cls, {**c["init"], "dropout": 0.5}, "MultiHeadLatentAttention", c["state"]).train()
-    with torch.random.fork_rng():
-        torch.manual_seed(13)
-        y_train = _mla_call(dropping, "MultiHeadLatentAttention(dropout=0.5) in training mode", x)[0]
-    if not close(y_train, tensor(c["y_train"])):
-        if close(y_train, tensor(c["y_train_resid_only"])):
-            fail("in training mode the attention weights get no dropout: pass dropout_p=self.dropout if "
-                 "self.training else 0.0 to F.scaled_dot_product_attention (self.resid_dropout on the output is right)")
-        fail("in training mode (dropout=0.5, torch.manual_seed(13) first) your layer differs from the expected "
-             "output: dropout_p=self.dropout if self.training else 0.0 on the attention weights, then "
-             "self.resid_dropout on wo's output")
-    dropping.eval()
-    if not close(_mla_call(dropping, "MultiHeadLatentAttention(dropout=0.5) in evaluation mode", x)[0], tensor(c["y"])):
-        fail("in evaluation mode (module.eval()) dropout must do nothing: use dropout_p=self.dropout if "
-             "self.training else 0.0, and the nn.Dropout module self.resid_dropout")
-    y32 = _mla_call(module.float(), "MultiHeadLatentAttention in float32", x.float())[0]
-    if y32.dtype != torch.float32 or not close(y32, tensor(c["y"]), atol=1e-4):
-        fail("in float32 the module should return float32 outputs matching float64 to 1e-4")
+    _check_dropout_and_float32(cls, c, module, x, "MultiHeadLatentAttention", proj="wo")
     ok("MultiHeadLatentAttention: keys and values from the latents, a decoupled rotated key shared by the heads; "
        "the cache holds the latents and that key")
 
