@@ -205,10 +205,12 @@ CLAIMS = {
                               - min(row(out, f"{d}, k = {k}")[3] for k in (1, 2, 4, 8)) <= 0.05
                               for d in ("bigram", "1-layer GPT"))),
         # For long drafts the text claims no direction: the bigram's k = 8 was overestimated by more than a tenth on
-        # one machine and matched to the hundredth on another (their floating point trains other models).
-        Claim("the prediction matches the measurement for $k$ of 1 and 2", "bigram = Bigram(",
+        # one machine and matched to the hundredth on another (their floating point trains other models). For k = 2
+        # the one-layer draft's prediction was 5.5% off on an AMD machine (2.07 against 2.19 measured, 600 tokens):
+        # "within a tenth", not "matches".
+        Claim("the prediction is within a tenth of the measurement for $k$ of 1 and 2", "bigram = Bigram(",
               lambda out: all(abs(row(out, f"{d}, k = {k}")[4] - row(out, f"{d}, k = {k}")[2])
-                              <= 0.05 * row(out, f"{d}, k = {k}")[2] for d in ("bigram", "1-layer GPT") for k in (1, 2))),
+                              <= 0.1 * row(out, f"{d}, k = {k}")[2] for d in ("bigram", "1-layer GPT") for k in (1, 2))),
         Claim("Both drafts are much weaker models than the target (compare the validation losses)", "bigram = Bigram(",
               lambda out: min(numbers(r"validation loss: .*bigram ([\d.]+)", out)[0],
                               numbers(r"validation loss: .*1-layer GPT ([\d.]+)", out)[0])
@@ -228,6 +230,33 @@ CLAIMS = {
         Claim("sampling from the one-layer GPT alone is less than four times as fast as from the target",
               "bigram = Bigram(", lambda out: numbers(r"plain sampling.*1-layer GPT (\d+)", out)[0]
               < 4 * numbers(r"plain sampling.*target GPT (\d+)", out)[0]),
+        Claim("and compared with one pass of full-length attention under your mask. The cache's size is printed too: it "
+              "stops at `sinks` $+ W - 1$", "rolling_cache_update(cache, k[...",
+              lambda out: numbers(r"attention\| = ([\d.e+-]+);", out)[0] < 1e-12
+              and numbers(r"never held more than (\d+) entries", out)[0] == 4 + 16 - 1),
+        Claim("Up to position 15 the three curves are one", "class WindowedAttention",
+              lambda out: row(out, "full attention")[-2] == row(out, "window 16 ")[-2] == row(out, "window 16 + 4")[-2]),
+        Claim("the window costs the model a few hundredths of a nat per character", "class WindowedAttention",
+              lambda out: 0.01 <= row(out, "window 16 ")[-1] - row(out, "full attention")[-1] <= 0.1),
+        Claim("the four sinks win back almost none of it", "class WindowedAttention",
+              lambda out: abs(row(out, "window 16 + 4")[-1] - row(out, "window 16 ")[-1])
+              <= 0.2 * (row(out, "window 16 ")[-1] - row(out, "full attention")[-1])),
+        Claim("at most 1% of a query's weight lands on the first position, in either layer, and under 5% on the first "
+              "four", "class WindowedAttention",
+              lambda out: max(numbers(r"([\d.]+)%", out.split("first position, by layer:")[1].split(";")[0])) <= 1.0
+              and max(numbers(r"([\d.]+)%", out.split("on the first four:")[1])) < 5.0),
+        Claim("Both copies gain from the extra steps", "def finetune(",
+              lambda out: max(row(out, "150 steps without")[-1], row(out, "150 steps with learned")[-1])
+              < row(out, "before fine-tuning")[-1]),
+        Claim("the copy with them still ends with a higher loss than the copy without, inside the first window and past it",
+              "def finetune(", lambda out: all(a > b for a, b in zip(row(out, "150 steps with learned"),
+                                                                      row(out, "150 steps without")))),
+        Claim("training pushes every one of them down from 0 (the last line)", "def finetune(",
+              lambda out: max(numbers(r"(-?[\d.]+)", out.split("learned sink logits, by layer:")[1])) < 0),
+        Claim("Alternating halves the cache: the full layers still grow with the text, and the window layers add a "
+              "constant 4.5 MiB. A model with only window layers would keep 9 MiB at any length", "def kv_cache_bytes",
+              lambda out: row(out, "alternating (gpt-oss)")[-1] - 4.5 == row(out, "every layer full")[-1] / 2
+              and row(out, "every layer a window of 128")[-2:] == [9.0, 9.0]),
     ],
     "ch07": [
         Claim("on the test images the CNN makes fewer mistakes with a similar budget of parameters",

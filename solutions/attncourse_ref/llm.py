@@ -2,7 +2,7 @@
 
 Tokenizers (characters, byte-level byte-pair encoding), a GPT whose parameters carry GPT-2's
 names (so GPT-2's weights load into it), the next-token loss, sampling, the KV cache, grouped-query and
-multi-head latent attention, speculative decoding and BERT's masked-language-model masking.
+multi-head latent attention, speculative decoding, sliding windows with attention sinks and BERT's masked-language-model masking.
 """
 import collections
 import math
@@ -417,3 +417,58 @@ def speculative_step(target_probs, draft_probs, draft_tokens, generator=None):
     padded = torch.cat([draft_tokens, torch.full_like(draft_tokens[..., :1], PAD_TOKEN)], dim=-1)
     out = torch.where(position < n[..., None], padded, PAD_TOKEN)
     return torch.where(position == n[..., None], nxt[..., None], out)
+
+
+# ---- sliding windows and attention sinks --------------------------------------------------------------------------
+def sliding_window_mask(t_q, t_k, window, sinks=0, device=None):
+    """Which keys each query may attend to under causal sliding-window attention with attention sinks.
+
+    The t_q queries are the last t_q of the t_k positions (query i sits at position t_k - t_q + i, as with a cache).
+    The query at position p may attend to key j when j <= p and either p - j < window (the window holds the query
+    itself and the window - 1 positions before it, as in Mistral and gpt-oss) or j < sinks (the first positions,
+    always kept: StreamingLLM's attention sinks). Returns bool [t_q, t_k], True where attending is allowed.
+    """
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    p = torch.arange(t_k - t_q, t_k, device=device)[:, None]
+    j = torch.arange(t_k, device=device)[None, :]
+    return (j <= p) & ((p - j < window) | (j < sinks))
+
+
+def rolling_cache_update(cache, k, v, window, sinks=0):
+    """One step of a rolling key/value cache of bounded size (StreamingLLM).
+
+    cache: None before the first step, else (k_kept, v_kept, positions) as the last step returned it:
+      [B, H, S, D], [B, H, S, D] and long [S], the positions in increasing order.
+    k, v [B, H, T, D]: the new tokens, at the T positions after the last one seen (0 .. T - 1 after None).
+    Returns (keys, values, positions, new_cache):
+      keys, values, positions: the kept entries followed by the new ones, what the T new queries may need
+      (attend with sliding_window_mask's rule applied to these positions);
+      new_cache: the entries of those that a later query can still attend to: the positions j < sinks and
+      the window - 1 most recent ones, in the same order. Its size never exceeds sinks + window - 1.
+    """
+    n = 0 if cache is None else int(cache[2][-1]) + 1
+    positions = torch.arange(n, n + k.shape[-2], device=k.device)
+    if cache is not None:
+        k, v = torch.cat([cache[0], k], dim=-2), torch.cat([cache[1], v], dim=-2)
+        positions = torch.cat([cache[2], positions])
+    # The next query sits at positions[-1] + 1 and sees p - j < window: the window - 1 most recent, and the sinks.
+    keep = (positions < sinks) | (positions[-1] + 1 - positions < window)
+    return k, v, positions, (k[..., keep, :], v[..., keep, :], positions[keep])
+
+
+def attention_with_sinks(q, k, v, sink_logits, mask=None):
+    """Scaled dot-product attention with a learned sink logit per head (gpt-oss's form).
+
+    q [B, H, T_q, D], k and v [B, H, T_k, D], sink_logits [H], mask bool [T_q, T_k] (True: may attend) or None.
+    Each row of scores q k^T / sqrt(D), masked with -inf, gets one more column holding its head's sink logit;
+    the softmax runs over all T_k + 1 columns and the sink's column is dropped, so the weights on the keys sum to
+    less than 1 (what the sink took is attention paid to nothing). A sink logit of -inf is plain attention.
+    Returns [B, H, T_q, D].
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sink_logits.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)
+    weights = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return weights @ v

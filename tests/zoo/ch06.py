@@ -1097,3 +1097,117 @@ def mla_absorbed_builds_keys(self, x, past=None, absorbed=False):
         weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = torch.einsum("bhtr,hvr->bhtv", weights @ c_kv[:, None], w_v)
     return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (c_kv, k_pe)
+
+
+# ---- sliding windows and attention sinks ----------------------------------------------------------------------------
+@_add("window of window + 1 positions", "sliding_window_mask", {"test_sliding_window_mask"},
+      "check_sliding_window_mask", "window + 1 positions")
+def window_too_wide(t_q, t_k, window, sinks=0, device=None):
+    p, j = torch.arange(t_k - t_q, t_k)[:, None], torch.arange(t_k)[None, :]
+    return (j <= p) & ((p - j <= window) | (j < sinks))
+
+
+@_add("sinks ignored", "sliding_window_mask", {"test_sliding_window_mask"}, "check_sliding_window_mask",
+      "attention sinks")
+def window_without_sinks(t_q, t_k, window, sinks=0, device=None):
+    p, j = torch.arange(t_k - t_q, t_k)[:, None], torch.arange(t_k)[None, :]
+    return (j <= p) & (p - j < window)
+
+
+@_add("queries at the first positions", "sliding_window_mask", {"test_sliding_window_mask"},
+      "check_sliding_window_mask", "last t_q")
+def window_top_left(t_q, t_k, window, sinks=0, device=None):
+    p, j = torch.arange(t_q)[:, None], torch.arange(t_k)[None, :]
+    return (j <= p) & ((p - j < window) | (j < sinks))
+
+
+@_add("sinks not causal", "sliding_window_mask", {"test_sliding_window_mask"},
+      "check_sliding_window_mask", "stays causal")
+def window_future_sinks(t_q, t_k, window, sinks=0, device=None):
+    p, j = torch.arange(t_k - t_q, t_k)[:, None], torch.arange(t_k)[None, :]
+    return ((j <= p) & (p - j < window)) | (j < sinks)
+
+
+@_add("evicts before returning", "rolling_cache", {"test_rolling_cache"}, "check_rolling_cache",
+      "still need the keys")
+def rolling_evict_first(cache, k, v, window, sinks=0):
+    n = 0 if cache is None else int(cache[2][-1]) + 1
+    positions = torch.arange(n, n + k.shape[-2])
+    if cache is not None:
+        k, v, positions = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2), torch.cat([cache[2], positions])
+    keep = (positions < sinks) | (positions[-1] + 1 - positions < window)
+    kept = (k[..., keep, :], v[..., keep, :], positions[keep])
+    return (*kept, kept)
+
+
+@_add("keeps window positions, one too many", "rolling_cache", {"test_rolling_cache"}, "check_rolling_cache",
+      "the window - 1 =")
+def rolling_one_too_many(cache, k, v, window, sinks=0):
+    n = 0 if cache is None else int(cache[2][-1]) + 1
+    positions = torch.arange(n, n + k.shape[-2])
+    if cache is not None:
+        k, v, positions = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2), torch.cat([cache[2], positions])
+    keep = (positions < sinks) | (positions[-1] - positions < window)
+    return k, v, positions, (k[..., keep, :], v[..., keep, :], positions[keep])
+
+
+@_add("evicts the sinks", "rolling_cache", {"test_rolling_cache"}, "check_rolling_cache", "lose the sinks")
+def rolling_no_sinks(cache, k, v, window, sinks=0):
+    n = 0 if cache is None else int(cache[2][-1]) + 1
+    positions = torch.arange(n, n + k.shape[-2])
+    if cache is not None:
+        k, v, positions = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2), torch.cat([cache[2], positions])
+    keep = positions[-1] + 1 - positions < window
+    return k, v, positions, (k[..., keep, :], v[..., keep, :], positions[keep])
+
+
+@_add("positions from the cache's size", "rolling_cache", {"test_rolling_cache"}, "check_rolling_cache",
+      "not from the cache's size")
+def rolling_positions_from_size(cache, k, v, window, sinks=0):
+    n = 0 if cache is None else cache[0].shape[-2]
+    positions = torch.arange(n, n + k.shape[-2])
+    if cache is not None:
+        k, v, positions = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2), torch.cat([cache[2], positions])
+    keep = (positions < sinks) | (positions[-1] + 1 - positions < window)
+    return k, v, positions, (k[..., keep, :], v[..., keep, :], positions[keep])
+
+
+@_add("sink ignored", "attention_with_sinks", {"test_attention_with_sinks"}, "check_attention_with_sinks",
+      "plain attention")
+def sinks_ignored(q, k, v, sink_logits, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1).nan_to_num() @ v
+
+
+@_add("renormalised after dropping the sink", "attention_with_sinks", {"test_attention_with_sinks"},
+      "check_attention_with_sinks", "without renormalising")
+def sinks_renormalised(q, k, v, sink_logits, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sink_logits[:, None, None].expand(*scores.shape[:-1], 1)
+    weights = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return weights / weights.sum(-1, keepdim=True) @ v
+
+
+@_add("sink logit scaled by 1/sqrt(D)", "attention_with_sinks", {"test_attention_with_sinks"},
+      "check_attention_with_sinks", "divided the sink logit")
+def sinks_scaled(q, k, v, sink_logits, mask=None):
+    scores = q @ k.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sink_logits[:, None, None].expand(*scores.shape[:-1], 1)
+    return torch.cat([scores, sink], dim=-1).div(math.sqrt(q.shape[-1])).softmax(dim=-1)[..., :-1] @ v
+
+
+@_add("softmax that divides by the keys' maximum", "attention_with_sinks", {"test_attention_with_sinks"},
+      "check_attention_with_sinks", "NaN")
+def sinks_nan_when_masked(q, k, v, sink_logits, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    top = scores.amax(-1, keepdim=True)                  # -inf for a row with no key: exp(-inf - -inf) is NaN
+    e, s = (scores - top).exp(), (sink_logits[:, None, None] - top).exp()
+    return e / (e.sum(-1, keepdim=True) + s) @ v

@@ -716,7 +716,7 @@ def check_data():
                 "t07_times": ref.next_token_probs(logits * 0.7), "k3": ref.next_token_probs(logits, top_k=3),
                 "ties": ties, "ties_k3": ref.next_token_probs(ties, top_k=3)}
     return {"tokenizers": tokenizers, "attention": attention, "block": block, "gpt": gpt, "loss": loss,
-            "sampling": sampling, **_gqa_check_data(np.random.default_rng(66))}
+            "sampling": sampling, **_gqa_check_data(np.random.default_rng(66)), "window": _window_check_data()}
 
 
 # ---- grouped-query attention ------------------------------------------------------------------------------
@@ -890,6 +890,127 @@ def _mla_memory_bound_case(rng):
 def mla_absorbed(rng):
     """Eight cases of absorbed=True, from a cache in six and from nothing in two, and one bounded in memory."""
     return _mla_cache_cases(rng, absorbed=True) + [_mla_memory_bound_case(rng)]
+
+
+# ---- sliding windows and attention sinks ----------------------------------------------------------------------------
+@hidden_test("ch06.sliding_window_mask")
+def sliding_window_mask(rng):
+    """Ten masks: as many queries as keys and fewer (a cache), windows of 1, inside and wider than the keys, no sinks,
+    sinks inside the window and sinks wider than it."""
+    cases = []
+    for i in range(10):
+        t_k = int(rng.integers(1, 13))
+        t_q = t_k if i % 3 == 0 else int(rng.integers(1, t_k + 1))
+        window = [1, t_k + 3][i] if i < 2 else int(rng.integers(1, max(2, t_k)))
+        sinks = [0, 1, int(rng.integers(1, 4)), window + int(rng.integers(1, 3))][i % 4]
+        cases.append(function_case(ref.sliding_window_mask, [t_q, t_k, window, sinks],
+                                   describe=f"sliding_window_mask(t_q={t_q}, t_k={t_k}, window={window}, sinks={sinks})"))
+    return cases
+
+
+def _rolled(rng, b, h, d, dtype, steps, window, sinks):
+    """A cache as rolling_cache_update leaves it after ``steps`` appends of 1 to 4 tokens each."""
+    cache = None
+    for _ in range(steps):
+        t = int(rng.integers(1, 5))
+        k, v = (torch.from_numpy(rng.standard_normal((b, h, t, d))).to(dtype) for _ in range(2))
+        cache = ref.rolling_cache_update(cache, k, v, window, sinks)[3]
+    return cache
+
+
+ROLLING_LABELS = ["keys", "values", "positions", "kept keys", "kept values", "kept positions"]
+
+
+@hidden_test("ch06.rolling_cache")
+def rolling_cache(rng):
+    """Ten steps: the first one (no cache) in two, one new token (decoding) in four, several in four; windows from 1
+    to 5 and 0 to 3 sinks, after enough earlier steps that the cache has long been full; float64 in two of three."""
+    cases = []
+    for i in range(10):
+        b, h, d = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        window, sinks, dtype = int(rng.integers(1, 6)), [0, 1, 2, 3][i % 4], _mostly64(i)
+        steps = 0 if i in (0, 5) else int(rng.integers(1, 9))
+        cache = _rolled(rng, b, h, d, dtype, steps, window, sinks)
+        t = 1 if i % 3 == 1 else int(rng.integers(1, 5))
+        k, v = (torch.from_numpy(rng.standard_normal((b, h, t, d))).to(dtype) for _ in range(2))
+        name, shape = str(dtype)[6:], [b, h, t, d]
+        if cache is None:
+            describe = (f"rolling_cache_update(no cache, {t} new token(s) {shape} {name}, window={window}, "
+                        f"sinks={sinks})")
+        else:
+            kept = cache[2].tolist()
+            describe = (f"rolling_cache_update(a cache of positions {kept}, {t} new token(s) {shape} {name}, "
+                        f"window={window}, sinks={sinks})")
+        case = function_case(ref.rolling_cache_update, [cache, k, v, window, sinks], describe=describe)
+        case.labels = ROLLING_LABELS
+        cases.append(case)
+    return cases
+
+
+@hidden_test("ch06.attention_with_sinks")
+def attention_with_sinks(rng):
+    """Nine cases, float64 in two of three: with and without a mask (causal, sliding-window, with a cache's fewer
+    queries), sink logits from -inf (plain attention) to large ones that take nearly all the weight, a query whose
+    mask allows no key; gradients with respect to q, k, v and the sink logits in four."""
+    cases = []
+    for i in range(9):
+        b, h, d = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(1, 6))
+        t_k = int(rng.integers(1, 8))
+        t_q = t_k if i % 2 == 0 else int(rng.integers(1, t_k + 1))
+        dtype = _mostly64(i)
+        q, k, v = (torch.from_numpy(rng.standard_normal((b, h, t, d))).to(dtype) for t in (t_q, t_k, t_k))
+        sink = torch.from_numpy(rng.standard_normal(h) * 2).to(dtype)
+        if i == 2:
+            sink[0] = float("-inf")
+        if i == 6:
+            sink = sink + 8.0
+        mask = None
+        if i % 3 != 0:
+            mask = ref.sliding_window_mask(t_q, t_k, int(rng.integers(1, t_k + 1)), int(rng.integers(0, 2)))
+        if i == 4:
+            mask = mask.clone()
+            mask[0] = False                                   # a query that may attend to no key: all to the sink
+        grads = (0, 1, 2, 3) if i in (1, 3, 5, 7) else ()
+        qs, ks, name = list(q.shape), list(k.shape), str(dtype)[6:]
+        rows, logits = None if mask is None else mask.int().tolist(), [round(float(x), 2) for x in sink]
+        describe = f"attention_with_sinks(q {qs}, k and v {ks} {name}, sink_logits {logits}, mask {rows})"
+        if grads:
+            describe = f"attention_with_sinks(q {qs}, k and v {ks} {name}, sink_logits {logits}, mask {rows}), with gradients"
+        cases.append(function_case(ref.attention_with_sinks, [q, k, v, sink, mask], rng=rng, grad_args=grads,
+                                   describe=describe))
+    return cases
+
+
+def _window_check_data():
+    """The sliding-window checks' cases: a mask and four known-wrong ones, a rolling cache stepped five times, and
+    attention with sinks against plain attention and a sink divided by sqrt(D)."""
+    t_q, t_k, window, sinks = 4, 7, 3, 2
+    p, j = torch.arange(t_k - t_q, t_k)[:, None], torch.arange(t_k)[None, :]
+    i = torch.arange(t_q)[:, None]                         # a query's index among the queries, not its position
+    masks = {"expected": ref.sliding_window_mask(t_q, t_k, window, sinks),
+             "wide": (j <= p) & ((p - j <= window) | (j < sinks)),
+             "no_sinks": (j <= p) & (p - j < window),
+             "top_left": (j <= i) & ((i - j < window) | (j < sinks)),
+             # three queries, a window of 1 and two sinks: the first query must not see the second sink, its future
+             "causal_sinks": ref.sliding_window_mask(3, 3, 1, 2)}
+    mask = {"t_q": t_q, "t_k": t_k, "window": window, "sinks": sinks, **masks}
+
+    steps, cache, chunks = [], None, [3, 2, 1, 1, 3]
+    for i, t in enumerate(chunks):
+        k, v = fixed((1, 1, t, 2), 70 + i), fixed((1, 1, t, 2), 80 + i)
+        keys, values, positions, cache = ref.rolling_cache_update(cache, k, v, window, sinks)
+        steps.append({"k": k, "v": v, "keys": keys, "values": values, "positions": positions, "kept": cache[2]})
+    rolling = {"window": window, "sinks": sinks, "steps": steps}
+
+    q, k, v = fixed((1, 2, 3, 4), 90), fixed((1, 2, 5, 4), 91), fixed((1, 2, 5, 4), 92)
+    sink, m = torch.tensor([0.5, -1.0], dtype=torch.float64), ref.sliding_window_mask(3, 5, 2, 1)
+    none = m.clone()
+    none[0] = False
+    sinks_case = {"q": q, "k": k, "v": v, "sink": sink, "mask": m, "expected": ref.attention_with_sinks(q, k, v, sink, m),
+                  "plain": torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                  "scaled": ref.attention_with_sinks(q, k, v, sink / 2, m), "none_mask": none,
+                  "none_expected": ref.attention_with_sinks(q, k, v, sink, none)}
+    return {"mask": mask, "rolling": rolling, "sinks": sinks_case}
 
 
 def _mla_variant(module, x, past=None, rotate_queries=True, positions_from_zero=False, scale_dim=None, top_left=False,

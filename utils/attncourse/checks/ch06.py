@@ -5,8 +5,8 @@ import torch
 
 from ..autograde import bare_module
 from .ch03 import MHA_BUILTINS
-from ._core import (LargestTensor, NotDoneYet, build_module, call, close, expect_tensor, fail, forbidding, load_cases,
-                    max_error, ok, require_callable, same, tensor)
+from ._core import (LargestTensor, NotDoneYet, build_module, call, close, dtypes_and_gradients, expect_tensor, fail,
+                    forbidding, load_cases, max_error, ok, require_callable, same, tensor)
 
 NO_MHA = MHA_BUILTINS
 IGNORE = -100
@@ -1074,3 +1074,141 @@ def check_mla_absorbed(cls):
              f"{max_error(y, y_plain):.3g})")
     ok(f"absorbed=True gives the plain path's output, and decoding one token against 64 cached ones it made no "
        f"tensor larger than {seen.largest:,} numbers (the plain path's keys: {keys:,})")
+
+
+# ---- sliding windows and attention sinks ----------------------------------------------------------------------------
+def _as_bool_mask(m, what, shape):
+    expect_tensor(m, what, shape=shape)
+    if m.dtype != torch.bool:
+        fail(f"{what} has dtype {m.dtype}; return a bool tensor (True where the query may attend), as the masks of "
+             "F.scaled_dot_product_attention are")
+    return m
+
+
+def check_sliding_window_mask(fn):
+    """Check sliding_window_mask(t_q, t_k, window, sinks) -> bool [t_q, t_k]."""
+    require_callable(fn, "sliding_window_mask")
+    c = _data()["window"]["mask"]
+    t_q, t_k, window, sinks = c["t_q"], c["t_k"], c["window"], c["sinks"]
+    what = f"sliding_window_mask({t_q}, {t_k}, window={window}, sinks={sinks})"
+    got = _as_bool_mask(call(fn, t_q, t_k, window, sinks, what=what), what, (t_q, t_k))
+    if not same(got, torch.tensor(c["expected"])):
+        if same(got, torch.tensor(c["top_left"])):
+            fail(f"{what}: your queries sit at positions 0 .. t_q - 1; they are the last t_q of the t_k positions "
+                 "(query i at t_k - t_q + i), as when the earlier keys come from a cache")
+        if same(got, torch.tensor(c["wide"])):
+            fail(f"{what}: each query sees window + 1 positions: the window holds the query itself and the window - 1 "
+                 "before it (p - j < window, not <=)")
+        if same(got, torch.tensor(c["no_sinks"])):
+            fail(f"{what}: the first sinks positions are missing from the rows whose window has passed them: a query "
+                 "also attends to every key j < sinks (the attention sinks), however far back")
+        expected, got_list = torch.tensor(c["expected"]).int().tolist(), got.int().tolist()
+        fail(f"{what}: expected {expected}, got {got_list}")
+    small = _as_bool_mask(call(fn, 3, 3, 1, 2, what="sliding_window_mask(3, 3, window=1, sinks=2)"),
+                          "sliding_window_mask(3, 3, window=1, sinks=2)", (3, 3))
+    if not same(small, torch.tensor(c["causal_sinks"])):
+        fail("sliding_window_mask(3, 3, window=1, sinks=2): a sink is a key like any other, so it stays causal: the "
+             f"first query (position 0) may not see position 1, a sink still in its future; got {small.int().tolist()}")
+    for args in [(5, 5, 9, 0), (2, 6, 1, 0)]:
+        got = _as_bool_mask(call(fn, *args, what=f"sliding_window_mask{args}"), f"sliding_window_mask{args}",
+                            args[:2])
+        if args[2] > args[1] and not same(got, torch.ones(5, 5, dtype=torch.bool).tril()):
+            fail("a window wider than the keys is plain causal attention: sliding_window_mask(5, 5, 9, 0) should "
+                 "be the lower triangle")
+        if args[2] == 1 and got.sum(-1).tolist() != [1, 1]:
+            fail("with window=1 and no sinks each query sees exactly one key, itself")
+    ok("sliding_window_mask: causal, window - 1 positions back plus the query, the sinks kept, queries at the end")
+
+
+def _rolling_step(fn, cache, step, window, sinks, n):
+    number, t = n + 1, len(step["k"][0][0])
+    what = f"rolling_cache_update(step {number}: {t} new token(s), window={window}, sinks={sinks})"
+    out = call(fn, cache, tensor(step["k"]), tensor(step["v"]), window, sinks, what=what)
+    if not isinstance(out, (tuple, list)) or len(out) != 4:
+        fail(f"{what} should return four things, (keys, values, positions, new_cache); got {type(out).__name__}")
+    keys, values, positions, new_cache = out
+    if not isinstance(new_cache, (tuple, list)) or len(new_cache) != 3:
+        fail(f"{what}: new_cache should be the tuple (k_kept, v_kept, positions_kept) the next step receives")
+    for t, name in [(keys, "keys"), (values, "values"), (positions, "positions"), *zip(new_cache, ["k_kept", "v_kept",
+                                                                                                  "positions_kept"])]:
+        expect_tensor(t, f"{what}: {name}")
+    if positions.dtype != torch.long or new_cache[2].dtype != torch.long:
+        fail(f"{what}: positions must be long tensors (torch.arange(...) gives long)")
+    return what, keys, values, positions, tuple(new_cache)
+
+
+def check_rolling_cache(fn):
+    """Check rolling_cache_update(cache, k, v, window, sinks) -> (keys, values, positions, new_cache), over five steps."""
+    require_callable(fn, "rolling_cache_update")
+    c = _data()["window"]["rolling"]
+    window, sinks, cache = c["window"], c["sinks"], None
+    for n, step in enumerate(c["steps"]):
+        what, keys, values, positions, cache = _rolling_step(fn, cache, step, window, sinks, n)
+        want, kept = step["positions"], step["kept"]
+        got, got_kept = positions.tolist(), cache[2].tolist()
+        if got != want:
+            if got == kept:
+                fail(f"{what}: you returned positions {got}, the cache after eviction; return the kept entries and "
+                     f"all the new ones ({want}): the new queries still need the keys that the eviction drops")
+            t = len(step["k"][0][0])
+            want_new, got_new = want[-t:], got[-t:]
+            if got[:-t] == want[:-t]:
+                fail(f"{what}: the new tokens' positions should be {want_new}, got {got_new}: they continue from the "
+                     "last position seen plus one, not from the cache's size (the cache has dropped positions)")
+            fail(f"{what}: expected positions {want}, got {got} (the kept entries first, then the new ones)")
+        if got_kept != kept:
+            recent = [p for p in got_kept if p >= sinks]
+            if [p for p in kept if p < sinks] != [p for p in got_kept if p < sinks]:
+                fail(f"{what}: the kept positions {got_kept} lose the sinks: the first {sinks} positions stay in the "
+                     f"cache for ever (expected {kept})")
+            if len(recent) == window:
+                fewer = window - 1
+                fail(f"{what}: you keep the {window} most recent positions ({recent}); the next query sees itself and "
+                     f"the window - 1 = {fewer} before it, so keep {fewer} (expected {kept})")
+            fail(f"{what}: the cache should keep positions {kept}, got {got_kept}")
+        if not (close(keys, tensor(step["keys"])) and close(values, tensor(step["values"]))):
+            if close(keys, tensor(step["values"])):
+                fail(f"{what}: keys and values are swapped")
+            error = max_error(keys, tensor(step["keys"]))
+            fail(f"{what}: the positions are right but the keys or values are not (max error {error:.3g}); "
+                 "concatenate the kept ones and the new ones along the time axis (dim -2), in that order")
+        if not (close(cache[0], keys[..., [got.index(p) for p in kept], :])
+                and close(cache[1], values[..., [got.index(p) for p in kept], :])):
+            fail(f"{what}: the kept keys and values must be the entries of the kept positions")
+    largest = sinks + window - 1
+    ok(f"rolling_cache_update: five steps, the cache never above sinks + window - 1 = {largest} entries, the sinks kept")
+
+
+def check_attention_with_sinks(fn):
+    """Check attention_with_sinks(q, k, v, sink_logits, mask) -> [B, H, T_q, D]."""
+    require_callable(fn, "attention_with_sinks")
+    c = _data()["window"]["sinks"]
+    q, k, v, sink, mask = tensor(c["q"]), tensor(c["k"]), tensor(c["v"]), tensor(c["sink"]), torch.tensor(c["mask"])
+    what = "attention_with_sinks(q [1, 2, 3, 4], k and v [1, 2, 5, 4], sink_logits [0.5, -1.0], a window mask)"
+    y = call(fn, q, k, v, sink, mask, what=what)
+    expect_tensor(y, what, shape=(1, 2, 3, 4))
+    if not close(y, tensor(c["expected"])):
+        if close(y, tensor(c["plain"])):
+            fail(f"{what}: your output is plain attention, as if there were no sink: append the sink logit as one more "
+                 "column of the scores, softmax over all the columns, then drop the sink's column without "
+                 "renormalising (the weights on the keys then sum to less than 1)")
+        if close(y, tensor(c["scaled"])):
+            fail(f"{what}: you divided the sink logit by sqrt(D) too; only q k^T is scaled, the sink logit is "
+                 "learned on the scale of the scaled scores")
+        error = max_error(y, tensor(c["expected"]))
+        fail(f"{what}: max error {error:.3g} against the expected output")
+    none = call(fn, q, k, v, sink, torch.tensor(c["none_mask"]), what="attention_with_sinks with a query whose mask "
+                                                                       "allows no key")
+    if not none.isfinite().all():
+        fail("a query whose mask allows no key must give all its weight to the sink, an output of 0; yours has NaN. "
+             "Put the sink's column in before the softmax, so that no row is all -inf")
+    if not close(none, tensor(c["none_expected"])):
+        fail("a query whose mask allows no key must give all its weight to the sink: an output of 0")
+    plain = call(fn, q, k, v, torch.full((2,), float("-inf"), dtype=torch.float64), None,
+                 what="attention_with_sinks(..., sink_logits = -inf, mask=None)")
+    if not close(plain, torch.nn.functional.scaled_dot_product_attention(q, k, v)):
+        fail("with sink logits of -inf and no mask the result must be plain attention, "
+             "F.scaled_dot_product_attention(q, k, v)")
+    dtypes_and_gradients(fn, [q, k, v, sink, mask], "attention_with_sinks", grad_args=(0, 1, 2, 3))
+    ok("attention_with_sinks: the sink takes a share of each row's weight, rows with no key give 0, float32 and "
+       "float64, gradients reach the sink logits")
