@@ -1211,3 +1211,37 @@ def sinks_nan_when_masked(q, k, v, sink_logits, mask=None):
     top = scores.amax(-1, keepdim=True)                  # -inf for a row with no key: exp(-inf - -inf) is NaN
     e, s = (scores - top).exp(), (sink_logits[:, None, None] - top).exp()
     return e / (e.sum(-1, keepdim=True) + s) @ v
+
+
+@_add("absorbed=True that builds the keys and values 16 tokens at a time", "mla", {"test_mla_absorbed"},
+      "check_mla_absorbed", "building them in pieces")
+def mla_absorbed_keys_in_blocks(self, x, past=None, absorbed=False):
+    # Under any peak-memory bound, and never a tensor as large as the keys: the plain path, block by block.
+    B, T, _ = x.shape
+    H, r, nope, rope = self.n_head, self.kv_rank, self.nope_dim, self.rope_dim
+    t_past = 0 if past is None else past[0].shape[1]
+    positions = torch.arange(t_past, t_past + T, device=x.device)
+    q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, T, H, nope + rope).transpose(1, 2)
+    q_nope, q_pe = q.split([nope, rope], dim=-1)
+    q_pe = apply_rope(q_pe, positions)
+    c_kv, k_pe = self.wkv_a(x).split([r, rope], dim=-1)
+    c_kv, k_pe = self.kv_norm(c_kv), apply_rope(k_pe, positions)
+    if past is not None:
+        c_kv, k_pe = torch.cat([past[0], c_kv], dim=1), torch.cat([past[1], k_pe], dim=1)
+    S = c_kv.shape[1]
+    mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(t_past)
+    if not absorbed:
+        k_nope, v = self.wkv_b(c_kv).view(B, S, H, nope + self.v_dim).transpose(1, 2).split([nope, self.v_dim], -1)
+        k = torch.cat([k_nope, k_pe[:, None].expand(B, H, S, rope)], dim=-1)
+        y = F.scaled_dot_product_attention(torch.cat([q_nope, q_pe], dim=-1), k, v, attn_mask=mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+    else:
+        scores, blocks = [], []
+        for s in range(0, S, 16):                  # keys and values of 16 tokens at a time
+            k_nope, v = self.wkv_b(c_kv[:, s:s + 16]).view(B, -1, H, nope + self.v_dim).transpose(1, 2).split(
+                [nope, self.v_dim], -1)
+            scores.append(q_nope @ k_nope.transpose(-2, -1) + q_pe @ k_pe[:, None, s:s + 16].transpose(-2, -1))
+            blocks.append(v)
+        weights = (torch.cat(scores, -1) / math.sqrt(nope + rope)).masked_fill(~mask, float("-inf")).softmax(-1)
+        y = sum(weights[..., s:s + 16] @ v for s, v in zip(range(0, S, 16), blocks))
+    return self.resid_dropout(self.wo(y.transpose(1, 2).reshape(B, T, H * self.v_dim))), (c_kv, k_pe)

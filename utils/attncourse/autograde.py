@@ -79,10 +79,29 @@ class InputChanged(Exception):
     """The submission changed one of its tensor arguments in place (the exercises leave their inputs alone)."""
 
 
+class TooMuchMade(Exception):
+    """A case bounded in the numbers it may make (``max_created``) made more: the stated shortcut was not taken."""
+
+
 def _run_case(i, call, arrays, candidate):
     """The case's outputs; a case with ``repeat`` n runs n times, each with freshly decoded arguments
     (fresh generators with the same seed) after a different global seed, and returns all the outputs:
-    a submission that draws with the generator it is given returns the same n times."""
+    a submission that draws with the generator it is given returns the same n times.  A case with
+    ``max_created`` fails if the tensors the call returns from torch functions hold more numbers than that
+    in all (a quantity built in pieces counts whole, which a peak-memory bound does not see)."""
+    if call.get("max_created"):
+        from .checks._core import LargestTensor
+        with LargestTensor() as seen:
+            out = _run_case_repeated(i, call, arrays, candidate)
+        limit, made = call["max_created"], seen.created
+        if made > limit:
+            raise TooMuchMade(f"the call made {made:,} numbers in all, more than the {limit:,} this case allows: "
+                              "it computes what the exercise says to avoid, even if in pieces")
+        return out
+    return _run_case_repeated(i, call, arrays, candidate)
+
+
+def _run_case_repeated(i, call, arrays, candidate):
     if call.get("repeat"):
         out = []
         for r in range(call["repeat"]):

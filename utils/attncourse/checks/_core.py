@@ -246,14 +246,17 @@ def module_dtypes(module, args, what, **kwargs):
 
 class LargestTensor(TorchFunctionMode):
     """``with LargestTensor() as seen:`` records in ``seen.largest`` the most elements of any tensor a torch function
-    or tensor method returned: what a check needs to tell a state or a latent from a T x T table or a full key.  (The
+    or tensor method returned, and in ``seen.created`` the elements of all of them together (views included): what a
+    check needs to tell a state or a latent from a T x T table or a full key, even one built in pieces.  (The
     profiler's memory timeline costs seconds on a loop of small steps; a TorchDispatchMode imports torch._dynamo on
     first use, 3.6 s.)"""
     largest = 0
+    created = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for o in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(o, torch.Tensor):
                 self.largest = max(self.largest, o.numel())
+                self.created += o.numel()
         return out

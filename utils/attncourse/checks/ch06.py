@@ -1049,9 +1049,10 @@ def check_mla_cache(cls):
 def check_mla_absorbed(cls):
     """Check forward(x, past, absorbed=True): the plain path's output, without a key or a value ever made."""
     _check_mla_with_cache(cls, absorbed=True)
-    # One new token against a cache of 64: the keys of the plain path, wkv_b(c_kv), hold 65 x 8 x (16 + 16) numbers;
-    # the absorbed path's largest tensor is the scores or a view of wkv_b's weight (a few hundred).
-    init = {"n_embd": 16, "n_head": 8, "q_rank": 8, "kv_rank": 4, "nope_dim": 16, "rope_dim": 2, "v_dim": 16}
+    # One new token against a cache of 64: the keys of the plain path, wkv_b(c_kv), hold 65 x 8 x 32 numbers, and
+    # the keys and values together twice that; the absorbed path's largest tensor is the scores or a view of wkv_b's
+    # weight (a few hundred numbers), and all it makes together is a fraction of the keys and values.
+    init = {"n_embd": 16, "n_head": 8, "q_rank": 8, "kv_rank": 4, "nope_dim": 32, "rope_dim": 2, "v_dim": 32}
     try:
         wide = cls(**init).double().eval()
     except Exception as exc:
@@ -1063,11 +1064,16 @@ def check_mla_absorbed(cls):
     with LargestTensor() as seen:
         y = _mla_call(wide, "forward(x, past, absorbed=True) with 8 heads and a cache of 64 tokens", x, past,
                       absorbed=True)[0]
-    keys = 65 * 8 * 16
+    keys, keys_and_values, made = 65 * 8 * 32, 65 * 8 * (32 + 32), seen.created
     if seen.largest >= keys:
         fail(f"absorbed=True made a tensor of {seen.largest:,} numbers decoding one token against 64 cached ones: it "
              f"builds the heads' keys or values from the latents (wkv_b(c_kv), {keys:,} numbers each). Absorb wkv_b "
              "instead: its key rows into the query (q_nope @ w_k, scored against c_kv), its value rows into the output")
+    if made >= keys_and_values:
+        fail(f"absorbed=True made {made:,} numbers in all decoding one token against 64 cached ones, more than the "
+             f"heads' keys and values made from the latents ({keys_and_values:,}): building them in pieces is still "
+             "building them. Absorb wkv_b instead: its key rows into the query (q_nope @ w_k, scored against c_kv), "
+             "its value rows into the output")
     y_plain = _mla_call(wide, "forward(x, past)", x, past)[0]
     if not close(y, y_plain, atol=1e-9):
         fail(f"with 8 heads and a cache of 64 tokens, absorbed=True differs from the plain path (max error "
