@@ -63,6 +63,13 @@ def test_fidelity_checks_catch_each_kind_of_drift(zh, complaint):
         assert any(complaint in p for p in problems), problems
 
 
+def test_bold_that_would_not_render_is_caught():
+    en = "**Sliding-window attention (滑动窗口注意力)** bounds it."
+    assert i18n_fidelity.problems(en, "**滑动窗口注意力**（sliding-window attention）给它设了上限。") == []
+    assert any("do not render" in p for p in
+               i18n_fidelity.problems(en, "**滑动窗口注意力（sliding-window attention）**给它设了上限。"))
+
+
 def test_a_citation_in_chinese_says_dengren():
     en = "The original Transformer (Vaswani et al., 2017) used $\\alpha = 0.6$."
     assert i18n_fidelity.problems(en, "原始 Transformer（Vaswani 等人，2017）使用 $\\alpha = 0.6$。") == []

@@ -126,6 +126,19 @@ def _term_pattern(term):
     return re.compile(r"(?<![A-Za-z-])" + body + r"(?![A-Za-z-])", 0 if acronym else re.I)
 
 
+_MD = None
+
+
+def _emphasis(text):
+    """How many bold and italic spans CommonMark renders in ``text`` (Sphinx's MyST parses the same way)."""
+    global _MD
+    if _MD is None:
+        from markdown_it import MarkdownIt
+        _MD = MarkdownIt("commonmark")
+    html = _MD.render(text)
+    return html.count("<strong>") + html.count("<em>")
+
+
 def waived(entry):
     """Glossary terms the translator marked as used in their everyday sense in this entry."""
     out = set()
@@ -148,6 +161,9 @@ def problems(en, zh, entry=None, glossary=None):
     out += _differ("numbers", _numbers(_EN_NUMBER, en_text), _numbers(_ZH_NUMBER, zh_text))
     if _structure(en) != _structure(zh):
         out.append(f"Markdown structure differs (English {_structure(en)}, Chinese {_structure(zh)})")
+    if _emphasis(zh) < _emphasis(en):
+        out.append("bold or italics that do not render (a ** or * beside full-width punctuation and a Chinese "
+                   "character is not closed: put the English in parentheses outside the markers, **术语**（term）)")
     if _CJK.search(zh_text) and re.search(r"\bet al\b", zh_text):
         out.append("a citation's 'et al.' in Chinese is 等人 (Vaswani 等人，2017)")
     if len(re.findall(r"[A-Za-z]{2,}", en_text)) >= 4 and not _CJK.search(zh_text):
