@@ -251,6 +251,8 @@ CLAIMS = {
         Claim("the copy with them still ends with a higher loss than the copy without, inside the first window and past it",
               "def finetune(", lambda out: all(a > b for a, b in zip(row(out, "150 steps with learned"),
                                                                       row(out, "150 steps without")))),
+        Claim("The course's small model puts at most 1% of its weight on the first position", "class WindowedAttention",
+              lambda out: max(numbers(r"([\d.]+)%", out.split("first position, by layer:")[1].split(";")[0])) <= 1.0),
         Claim("training pushes every one of them down from 0 (the last line)", "def finetune(",
               lambda out: max(numbers(r"(-?[\d.]+)", out.split("learned sink logits, by layer:")[1])) < 0),
         Claim("Alternating halves the cache: the full layers still grow with the text, and the window layers add a "
