@@ -231,9 +231,9 @@ CLAIMS = {
               "bigram = Bigram(", lambda out: numbers(r"plain sampling.*1-layer GPT (\d+)", out)[0]
               < 4 * numbers(r"plain sampling.*target GPT (\d+)", out)[0]),
         Claim("and compared with one pass of full-length attention under your mask. The cache's size is printed too: it "
-              "stops at `sinks` $+ W - 1$", "rolling_cache_update(cache, k[...",
+              "stops at `sinks` $+ W$", "rolling_cache_update(cache, k[...",
               lambda out: numbers(r"attention\| = ([\d.e+-]+);", out)[0] < 1e-12
-              and numbers(r"never held more than (\d+) entries", out)[0] == 4 + 16 - 1),
+              and numbers(r"never held more than (\d+) entries", out)[0] == 4 + 16),
         Claim("Up to position 15 the three curves are one", "class WindowedAttention",
               lambda out: row(out, "full attention")[-2] == row(out, "window 16 ")[-2] == row(out, "window 16 + 4")[-2]),
         Claim("the window costs the model a few hundredths of a nat per character", "class WindowedAttention",

@@ -444,16 +444,17 @@ def rolling_cache_update(cache, k, v, window, sinks=0):
     Returns (keys, values, positions, new_cache):
       keys, values, positions: the kept entries followed by the new ones, what the T new queries may need
       (attend with sliding_window_mask's rule applied to these positions);
-      new_cache: the entries of those that a later query can still attend to: the positions j < sinks and
-      the window - 1 most recent ones, in the same order. Its size never exceeds sinks + window - 1.
+      new_cache: the entries of those at positions j < sinks and the window most recent, in the same order: what
+      the last new query attended to (a later query sees all but the oldest of them, which the mask leaves out). Its
+      size never exceeds sinks + window, and it always holds the last position seen.
     """
     n = 0 if cache is None else int(cache[2][-1]) + 1
     positions = torch.arange(n, n + k.shape[-2], device=k.device)
     if cache is not None:
         k, v = torch.cat([cache[0], k], dim=-2), torch.cat([cache[1], v], dim=-2)
         positions = torch.cat([cache[2], positions])
-    # The next query sits at positions[-1] + 1 and sees p - j < window: the window - 1 most recent, and the sinks.
-    keep = (positions < sinks) | (positions[-1] + 1 - positions < window)
+    # What the last query (at positions[-1]) attended to: the sinks and its window.
+    keep = (positions < sinks) | (positions[-1] - positions < window)
     return k, v, positions, (k[..., keep, :], v[..., keep, :], positions[keep])
 
 

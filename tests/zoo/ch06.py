@@ -1135,19 +1135,19 @@ def rolling_evict_first(cache, k, v, window, sinks=0):
     positions = torch.arange(n, n + k.shape[-2])
     if cache is not None:
         k, v, positions = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2), torch.cat([cache[2], positions])
-    keep = (positions < sinks) | (positions[-1] + 1 - positions < window)
+    keep = (positions < sinks) | (positions[-1] - positions < window)
     kept = (k[..., keep, :], v[..., keep, :], positions[keep])
     return (*kept, kept)
 
 
-@_add("keeps window positions, one too many", "rolling_cache", {"test_rolling_cache"}, "check_rolling_cache",
-      "the window - 1 =")
-def rolling_one_too_many(cache, k, v, window, sinks=0):
+@_add("keeps window - 1 positions, which a window of 1 empties", "rolling_cache", {"test_rolling_cache"},
+      "check_rolling_cache", "always holds the last position")
+def rolling_one_too_few(cache, k, v, window, sinks=0):
     n = 0 if cache is None else int(cache[2][-1]) + 1
     positions = torch.arange(n, n + k.shape[-2])
     if cache is not None:
         k, v, positions = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2), torch.cat([cache[2], positions])
-    keep = (positions < sinks) | (positions[-1] - positions < window)
+    keep = (positions < sinks) | (positions[-1] + 1 - positions < window)
     return k, v, positions, (k[..., keep, :], v[..., keep, :], positions[keep])
 
 
@@ -1157,7 +1157,7 @@ def rolling_no_sinks(cache, k, v, window, sinks=0):
     positions = torch.arange(n, n + k.shape[-2])
     if cache is not None:
         k, v, positions = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2), torch.cat([cache[2], positions])
-    keep = positions[-1] + 1 - positions < window
+    keep = positions[-1] - positions < window
     return k, v, positions, (k[..., keep, :], v[..., keep, :], positions[keep])
 
 
@@ -1168,7 +1168,7 @@ def rolling_positions_from_size(cache, k, v, window, sinks=0):
     positions = torch.arange(n, n + k.shape[-2])
     if cache is not None:
         k, v, positions = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2), torch.cat([cache[2], positions])
-    keep = (positions < sinks) | (positions[-1] + 1 - positions < window)
+    keep = (positions < sinks) | (positions[-1] - positions < window)
     return k, v, positions, (k[..., keep, :], v[..., keep, :], positions[keep])
 
 

@@ -898,14 +898,15 @@ def mla_absorbed(rng):
 # ---- sliding windows and attention sinks ----------------------------------------------------------------------------
 @hidden_test("ch06.sliding_window_mask")
 def sliding_window_mask(rng):
-    """Ten masks: as many queries as keys and fewer (a cache), windows of 1, inside and wider than the keys, no sinks,
-    sinks inside the window and sinks wider than it."""
+    """Ten masks, in most of them fewer queries than keys (as with a cache) and sinks that some queries' windows have
+    passed while the first queries come before the last sink; a window of 1, one wider than the keys (plain causal),
+    and one case without sinks."""
     cases = []
     for i in range(10):
-        t_k = int(rng.integers(1, 13))
-        t_q = t_k if i % 3 == 0 else int(rng.integers(1, t_k + 1))
-        window = [1, t_k + 3][i] if i < 2 else int(rng.integers(1, max(2, t_k)))
-        sinks = [0, 1, int(rng.integers(1, 4)), window + int(rng.integers(1, 3))][i % 4]
+        t_k = int(rng.integers(4, 13))
+        t_q = t_k if i in (1, 5) else t_k - int(rng.integers(1, 3))
+        window = [1, t_k + 3][i] if i < 2 else int(rng.integers(2, t_k - 1))
+        sinks = 0 if i in (1, 7) else int(rng.integers(2, 5))
         cases.append(function_case(ref.sliding_window_mask, [t_q, t_k, window, sinks],
                                    describe=f"sliding_window_mask(t_q={t_q}, t_k={t_k}, window={window}, sinks={sinks})"))
     return cases
@@ -926,13 +927,14 @@ ROLLING_LABELS = ["keys", "values", "positions", "kept keys", "kept values", "ke
 
 @hidden_test("ch06.rolling_cache")
 def rolling_cache(rng):
-    """Ten steps: the first one (no cache) in two, one new token (decoding) in four, several in four; windows from 1
-    to 5 and 0 to 3 sinks, after enough earlier steps that the cache has long been full; float64 in two of three."""
+    """Ten steps: the first one (no cache) in two, one new token (decoding) in four, several in the others; windows
+    from 1 to 5 and 1 to 3 sinks (none in two), after four to nine earlier steps, so that the cache has long been full;
+    float64 in two of three."""
     cases = []
     for i in range(10):
         b, h, d = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(1, 5))
-        window, sinks, dtype = int(rng.integers(1, 6)), [0, 1, 2, 3][i % 4], _mostly64(i)
-        steps = 0 if i in (0, 5) else int(rng.integers(1, 9))
+        window, sinks, dtype = int(rng.integers(1, 6)), [1, 2, 3, 0, 2][i % 5], _mostly64(i)
+        steps = 0 if i in (0, 5) else int(rng.integers(4, 10))        # by then the cache has dropped positions
         cache = _rolled(rng, b, h, d, dtype, steps, window, sinks)
         t = 1 if i % 3 == 1 else int(rng.integers(1, 5))
         k, v = (torch.from_numpy(rng.standard_normal((b, h, t, d))).to(dtype) for _ in range(2))
@@ -954,7 +956,7 @@ def rolling_cache(rng):
 def attention_with_sinks(rng):
     """Nine cases, float64 in two of three: with and without a mask (causal, sliding-window, with a cache's fewer
     queries), sink logits from -inf (plain attention) to large ones that take nearly all the weight, a query whose
-    mask allows no key; gradients with respect to q, k, v and the sink logits in four."""
+    mask allows no key in three; gradients with respect to q, k, v and the sink logits in four."""
     cases = []
     for i in range(9):
         b, h, d = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(1, 6))
@@ -970,9 +972,9 @@ def attention_with_sinks(rng):
         mask = None
         if i % 3 != 0:
             mask = ref.sliding_window_mask(t_q, t_k, int(rng.integers(1, t_k + 1)), int(rng.integers(0, 2)))
-        if i == 4:
-            mask = mask.clone()
-            mask[0] = False                                   # a query that may attend to no key: all to the sink
+        if i in (4, 7, 8):                                   # a query that may attend to no key: all to the sink
+            mask = (torch.ones(t_q, t_k, dtype=torch.bool) if mask is None else mask).clone()
+            mask[0] = False
         grads = (0, 1, 2, 3) if i in (1, 3, 5, 7) else ()
         qs, ks, name = list(q.shape), list(k.shape), str(dtype)[6:]
         rows, logits = None if mask is None else mask.int().tolist(), [round(float(x), 2) for x in sink]
