@@ -2,7 +2,8 @@
 
 Tokenizers (characters, byte-level byte-pair encoding), a GPT whose parameters carry GPT-2's
 names (so GPT-2's weights load into it), the next-token loss, sampling, the KV cache, grouped-query and
-multi-head latent attention, speculative decoding, sliding windows with attention sinks and BERT's masked-language-model masking.
+multi-head latent attention, speculative decoding, sliding windows with attention sinks and BERT's
+masked-language-model masking.
 """
 import collections
 import math
