@@ -241,18 +241,18 @@ CLAIMS = {
         Claim("the four sinks win back almost none of it", "class WindowedAttention",
               lambda out: abs(row(out, "window 16 + 4")[-1] - row(out, "window 16 ")[-1])
               <= 0.2 * (row(out, "window 16 ")[-1] - row(out, "full attention")[-1])),
-        Claim("at most 1% of a query's weight lands on the first position, in either layer, and under 5% on the first "
+        Claim("at most 2% of a query's weight lands on the first position, in either layer, and under 10% on the first "
               "four", "class WindowedAttention",
-              lambda out: max(numbers(r"([\d.]+)%", out.split("first position, by layer:")[1].split(";")[0])) <= 1.0
-              and max(numbers(r"([\d.]+)%", out.split("on the first four:")[1])) < 5.0),
+              lambda out: max(numbers(r"([\d.]+)%", out.split("first position, by layer:")[1].split(";")[0])) <= 2.0
+              and max(numbers(r"([\d.]+)%", out.split("on the first four:")[1])) < 10.0),
         Claim("Both copies gain from the extra steps", "def finetune(",
               lambda out: max(row(out, "150 steps without")[-1], row(out, "150 steps with learned")[-1])
               < row(out, "before fine-tuning")[-1]),
         Claim("the copy with them still ends with a higher loss than the copy without, inside the first window and past it",
               "def finetune(", lambda out: all(a > b for a, b in zip(row(out, "150 steps with learned"),
                                                                       row(out, "150 steps without")))),
-        Claim("The course's small model puts at most 1% of its weight on the first position", "class WindowedAttention",
-              lambda out: max(numbers(r"([\d.]+)%", out.split("first position, by layer:")[1].split(";")[0])) <= 1.0),
+        Claim("The course's small model puts at most 2% of its weight on the first position", "class WindowedAttention",
+              lambda out: max(numbers(r"([\d.]+)%", out.split("first position, by layer:")[1].split(";")[0])) <= 2.0),
         Claim("training pushes every one of them down from 0 (the last line)", "def finetune(",
               lambda out: max(numbers(r"(-?[\d.]+)", out.split("learned sink logits, by layer:")[1])) < 0),
         Claim("Alternating halves the cache: the full layers still grow with the text, and the window layers add a "
