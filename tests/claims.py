@@ -166,6 +166,12 @@ CLAIMS = {
               > 2 * row(out, "width 1 (greedy)")[-1]),
     ],
     "ch06": [
+        Claim("MLA, which caches 40 numbers per token and layer against multi-head attention's 128 (less than a third)",
+              "def train_with(", lambda out: row(out, "MLA, r 32, rope 8")[-2] == 40
+              and row(out, "multi-head (6.4, step 300)")[-2] == 128 and 3 * 40 < 128),
+        Claim("ends the 300 steps with the lowest validation loss of the three", "def train_with(",
+              lambda out: row(out, "MLA, r 32, rope 8")[-1] < min(row(out, "multi-head (6.4, step 300)")[-1],
+                                                                   row(out, "GQA, 2 kv heads")[-1])),
         Claim("At the course's width, with 8 heads, MLA's 288 numbers lie between grouped-query attention with two "
               "key/value heads (256) and multi-head attention (1,024): the latent is as large as the cache of 2.25 "
               "key/value heads", "def per_token(kind",
