@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from attncourse import explore
 from attncourse_ref import llm
+from explore_helpers import controls
 
 TEXT = "To be, or not to be:\nthat"
 VOCAB = llm.char_vocab(TEXT)
@@ -182,6 +183,37 @@ def test_speculative_explorer_needs_one_distribution_per_character():
     p = torch.full((4, 3), 1 / 3)
     with pytest.raises(AssertionError):
         explore.speculative("abc", p, p, ["a", "b", "c"])
+
+
+def test_window_with_sinks_shows_the_masks_and_the_bounded_cache():
+    """Each window's step draws the mask (1: the window's keys, 2: the sinks' alone) and counts each query's keys,
+    which stop growing at W without sinks and at W + sinks with them."""
+    T, sinks, windows = 24, 4, [1, 2, 4, 8, 16, 24]
+    plain = {w: llm.sliding_window_mask(T, T, w) for w in windows}
+    kept = {w: llm.sliding_window_mask(T, T, w, sinks=sinks) for w in windows}
+    e = explore.window_with_sinks(plain, kept, sinks, start=2)
+    spec = e.spec("en")
+    steps = controls(spec)
+    assert [label for label, _, _ in steps] == [str(w) for w in windows]
+    assert spec["layout"]["sliders"][0]["active"] == 2 and np.array_equal(spec["data"][0]["z"], steps[2][2][0]["z"][0])
+    for w, (_, method, (data, layout, traces)) in zip(windows, steps):
+        assert method == "update" and traces == [0, 2, 3]
+        z = np.array(data["z"][0])
+        assert np.array_equal(z == 1, plain[w].numpy()) and np.array_equal(z > 0, kept[w].numpy())
+        assert (z == 2).sum() == sum(max(0, min(sinks, t - w + 1)) for t in range(T))     # sinks outside the window
+        without, with_sinks = data["y"][1], data["y"][2]
+        assert without == [min(t + 1, w) for t in range(T)]
+        assert with_sinks == [min(t + 1, w + sinks) for t in range(T)]       # the rolling cache's bound
+        assert layout["title.text"] == f"Window W = {w} and {sinks} sinks: a query sees at most {min(T, w + sinks)} of {T} keys"
+    assert spec["data"][1]["y"] == [t + 1 for t in range(T)]                 # full attention, never restyled
+    assert spec_size(e) < 100_000
+
+
+def test_window_with_sinks_refuses_masks_that_do_not_fit():
+    with pytest.raises(AssertionError, match="every mask"):
+        explore.window_with_sinks({2: torch.ones(4, 4, dtype=torch.bool)}, {2: torch.ones(4, 5, dtype=torch.bool)}, 1)
+    with pytest.raises(AssertionError, match="take none away"):
+        explore.window_with_sinks({2: torch.ones(4, 4, dtype=torch.bool)}, {2: torch.eye(4, dtype=torch.bool)}, 1)
 
 
 def test_chapter_sizes():

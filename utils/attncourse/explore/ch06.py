@@ -1,9 +1,9 @@
 """Chapter 06's explorers (see attncourse.explore)."""
 import numpy as np
 
-from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider
+from . import Explorer, _go, _heatmap, _layout, _menu, _r, _slider, _t
 
-__all__ = ["gpt_attention_weights", "gpt_attention", "sampling", "speculative"]
+__all__ = ["gpt_attention_weights", "gpt_attention", "sampling", "speculative", "window_with_sinks"]
 
 _SHOWN = {" ": "␣", "\n": "⏎", "\t": "⇥"}
 
@@ -215,3 +215,60 @@ def speculative(text, target_probs, draft_probs, labels, shown=12):
                          "max(0, p − q) from corrections. The draft is accepted often where the two models agree, "
                          "sure or unsure alike, and seldom where the target, reading the whole line, is sure of a "
                          "character that the draft, reading one, is not.")
+
+
+def window_with_sinks(masks, sink_masks, sinks, start=0):
+    """Sliding-window attention with attention sinks (§6.10): which keys each query sees, and how many a
+    rolling cache must hold.  ``masks`` and ``sink_masks`` {window W: bool [T, T]}: your sliding_window_mask
+    without sinks and with ``sinks`` of them, queries and keys over the same T positions.  Left, the keys
+    each query sees, the sinks' in their own colour; right, how many that is at each position, against
+    full attention's.  A slider picks W; it starts at the ``start``-th window."""
+    from plotly.subplots import make_subplots
+    go = _go()
+    windows = list(masks)
+    plain = {w: np.asarray(masks[w], dtype=bool) for w in windows}
+    with_sinks = {w: np.asarray(sink_masks[w], dtype=bool) for w in windows}
+    T = plain[windows[0]].shape[0]
+    assert all(m.shape == (T, T) for m in (*plain.values(), *with_sinks.values())), "every mask [T, T], queries by keys"
+    assert all((plain[w] <= with_sinks[w]).all() for w in windows), "sinks add keys to a window; they take none away"
+    # 1: a key of the window, 2: a key that only the sinks keep
+    z = {w: _r(plain[w] + 2 * (with_sinks[w] & ~plain[w])) for w in windows}
+    seen = {w: (plain[w].sum(1).tolist(), with_sinks[w].sum(1).tolist()) for w in windows}
+    pos = list(range(T))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12,
+                        subplot_titles=["the keys each query sees", "keys per query: what the cache holds"])
+    colors = [[0, "#f0f0f0"], [0.33, "#f0f0f0"], [0.34, "#2171b5"], [0.66, "#2171b5"], [0.67, "#e6550d"], [1, "#e6550d"]]
+    first = windows[start]
+    fig.add_trace(go.Heatmap(z=z[first], x=pos, y=pos, zmin=0, zmax=2, colorscale=colors, showscale=False,
+                             xgap=1, ygap=1, hovertemplate="query %{y}<br>key %{x}<br>%{z} (0 unseen, 1 in the window, 2 a sink)<extra></extra>"),
+                  row=1, col=1)
+    hover = "query %{x}: %{y} keys<extra></extra>"
+    fig.add_trace(go.Scatter(x=pos, y=[t + 1 for t in pos], mode="lines", name="full attention",
+                             line=dict(color="gray", dash="dot"), hovertemplate=hover), row=1, col=2)
+    fig.add_trace(go.Scatter(x=pos, y=seen[first][0], mode="lines+markers", name=_t("window"),
+                             marker=dict(size=4), line=dict(color="#2171b5"), hovertemplate=hover), row=1, col=2)
+    fig.add_trace(go.Scatter(x=pos, y=seen[first][1], mode="lines+markers", name=f"window + {sinks} sinks",
+                             marker=dict(size=4), line=dict(color="#e6550d"), hovertemplate=hover), row=1, col=2)
+
+    def title(w):
+        most = max(seen[w][1])
+        return f"Window W = {w} and {sinks} sinks: a query sees at most {most} of {T} keys"
+
+    # One value per updated trace (0, 2, 3): Plotly repeats a shorter list over the traces.
+    steps = [(f"{w}", "update", [{"z": [z[w], None, None], "y": [pos, seen[w][0], seen[w][1]]},
+                                 {"title.text": title(w)}, [0, 2, 3]]) for w in windows]
+    fig.update_layout(**_layout(title(first), height=500, sliders=[_slider(steps, "window W = ", active=start)],
+                                legend=dict(x=0.98, y=0.98, xanchor="right", yanchor="top", bgcolor="rgba(255,255,255,0.7)"),
+                                margin=dict(l=60, r=20, t=80, b=60)))
+    fig.update_yaxes(autorange="reversed", title_text="query (position)", row=1, col=1)
+    fig.update_xaxes(title_text="key (position)", row=1, col=1)
+    fig.update_yaxes(title_text="keys seen", range=[0, T + 1], row=1, col=2)
+    fig.update_xaxes(title_text="query (position)", row=1, col=2)
+    return Explorer("window_with_sinks", fig,
+                    alt="Left: a grid of queries by keys, blue where the sliding window lets a query attend and "
+                        "orange where only the sinks do. Right: how many keys each query sees, for full attention, "
+                        "the window and the window with sinks.",
+                    hint="Move W. The blue band is each query's last W positions, its own included; the orange "
+                         "columns are the first positions, kept for every query. On the right, full attention's "
+                         "count grows with the text, while the window's stops at W and the window with sinks at "
+                         "W plus the sinks: that bound is the rolling cache's size.")
