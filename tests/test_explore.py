@@ -120,6 +120,10 @@ def test_localize_translates_labels_and_leaves_data_alone():
     assert zh["layout"]["title"]["text"] == "因果掩码" and zh["layout"]["meta"]["hint"] == "无掩码"
     assert zh["data"][0]["x"] == ["causal mask"] and zh["data"][0]["z"] == [[0.5]]   # data: tokens, numbers
     assert explore.localize(spec, "en") is spec
+    # A control's step that sets the title by its dotted path: translated too, and listed among the strings.
+    spec["layout"]["sliders"] = [{"steps": [{"label": "1", "method": "update", "args": [{}, {"title.text": "no mask"}]}]}]
+    assert explore.localize(spec, "zh")["layout"]["sliders"][0]["steps"][0]["args"][1]["title.text"] == "无掩码"
+    assert "no mask" in explore.strings({"layout": spec["layout"]["sliders"][0]})
 
 
 def test_the_notebook_output_carries_the_figure_a_still_and_the_hint(samples):

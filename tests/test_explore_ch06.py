@@ -207,6 +207,8 @@ def test_window_with_sinks_shows_the_masks_and_the_bounded_cache():
         assert layout["title.text"] == f"Window W = {w} and {sinks} sinks: a query sees at most {min(T, w + sinks)} of {T} keys"
     assert spec["data"][1]["y"] == [t + 1 for t in range(T)]                 # full attention, never restyled
     assert spec_size(e) < 100_000
+    from test_explore import untranslated
+    assert untranslated(spec) == []              # the titles that the slider sets included
 
 
 def test_window_with_sinks_refuses_masks_that_do_not_fit():

@@ -82,6 +82,12 @@ class Explorer:
 _TEXT_KEYS = {"text", "name", "label", "prefix", "hovertemplate", "alt", "hint", "suffix"}
 
 
+def _is_text(key, value):
+    """Whether ``value`` is reader-visible text: under a text key, or under a dotted path that ends in one
+    (a control's relayout step sets "title.text")."""
+    return isinstance(value, str) and key.rsplit(".", 1)[-1] in _TEXT_KEYS
+
+
 def localize(spec, lang=None):
     """``spec`` with its labels, titles, hints and hover texts in ``lang`` (the learner's language by
     default), translated by the learner package's catalogue; numbers and data arrays are untouched."""
@@ -95,7 +101,7 @@ def localize(spec, lang=None):
 
     def walk(node):
         if isinstance(node, dict):
-            return {k: (text(v) if k in _TEXT_KEYS and isinstance(v, str) else walk(v))
+            return {k: (text(v) if _is_text(k, v) else walk(v))
                     for k, v in node.items()}
         if isinstance(node, list):
             return [walk(v) for v in node]
@@ -121,7 +127,7 @@ def strings(spec):
     def walk(node):
         if isinstance(node, dict):
             for k, v in node.items():
-                if k in _TEXT_KEYS and isinstance(v, str):
+                if _is_text(k, v):
                     found.append(v)
                 else:
                     walk(v)

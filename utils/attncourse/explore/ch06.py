@@ -257,8 +257,9 @@ def window_with_sinks(masks, sink_masks, sinks, start=0):
     # One value per updated trace (0, 2, 3): Plotly repeats a shorter list over the traces.
     steps = [(f"{w}", "update", [{"z": [z[w], None, None], "y": [pos, seen[w][0], seen[w][1]]},
                                  {"title.text": title(w)}, [0, 2, 3]]) for w in windows]
-    fig.update_layout(**_layout(title(first), height=500, sliders=[_slider(steps, "window W = ", active=start)],
-                                legend=dict(x=0.98, y=0.98, xanchor="right", yanchor="top", bgcolor="rgba(255,255,255,0.7)"),
+    fig.update_layout(**_layout(title(first), height=500, sliders=[_slider(steps, _t("window W = "), active=start)],
+                                # top left of the right panel, which the rising lines leave empty
+                                legend=dict(x=0.57, y=0.98, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.7)"),
                                 margin=dict(l=60, r=20, t=80, b=60)))
     fig.update_yaxes(autorange="reversed", title_text="query (position)", row=1, col=1)
     fig.update_xaxes(title_text="key (position)", row=1, col=1)
