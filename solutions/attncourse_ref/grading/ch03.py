@@ -239,7 +239,9 @@ def linear_attention_chunked(rng):
 def _delta_case(rng, i, gated):
     lead = [(), (2,), (2, 3), (1,), (3,), ()][i]
     dtype = torch.float32 if i == 3 else torch.float64
-    t, dk, dv = int(rng.integers(1, 13)), int(rng.integers(1, 7)), int(rng.integers(1, 7))
+    # One key of a single feature (case 0), where the default scale d_k ** -0.5 is 1; wider keys elsewhere, so that
+    # an unscaled read fails every case that leaves the scale to the default.
+    t, dk, dv = int(rng.integers(1, 13)), 1 if i == 0 else int(rng.integers(2, 7)), int(rng.integers(1, 7))
     q, k, v = (_tensor(rng, lead + (t, d), dtype) for d in (dk, dk, dv))
     if i != 5:                                                 # keys L2-normalised, as DeltaNet's are; one case not
         k = k / k.norm(dim=-1, keepdim=True)
