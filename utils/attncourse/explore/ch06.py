@@ -235,12 +235,13 @@ def window_with_sinks(masks, sink_masks, sinks, start=0):
     z = {w: _r(plain[w] + 2 * (with_sinks[w] & ~plain[w])) for w in windows}
     seen = {w: (plain[w].sum(1).tolist(), with_sinks[w].sum(1).tolist()) for w in windows}
     pos = list(range(T))
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12,
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=["the keys each query sees", "keys per query: what the cache holds"])
     colors = [[0, "#f0f0f0"], [0.33, "#f0f0f0"], [0.34, "#2171b5"], [0.66, "#2171b5"], [0.67, "#e6550d"], [1, "#e6550d"]]
     first = windows[start]
-    fig.add_trace(go.Heatmap(z=z[first], x=pos, y=pos, zmin=0, zmax=2, colorscale=colors, showscale=False,
-                             xgap=1, ygap=1, hovertemplate="query %{y}<br>key %{x}<br>%{z} (0 unseen, 1 in the window, 2 a sink)<extra></extra>"),
+    fig.add_trace(go.Heatmap(z=z[first], x=pos, y=pos, zmin=0, zmax=2, colorscale=colors, showscale=False, xgap=1,
+                             ygap=1, hovertemplate="query %{y}<br>key %{x}<br>%{z} (0 unseen, 1 in the window, 2 a sink)"
+                                                   "<extra></extra>"),
                   row=1, col=1)
     hover = "query %{x}: %{y} keys<extra></extra>"
     fig.add_trace(go.Scatter(x=pos, y=[t + 1 for t in pos], mode="lines", name="full attention",
@@ -259,8 +260,7 @@ def window_with_sinks(masks, sink_masks, sinks, start=0):
                                  {"title.text": title(w)}, [0, 2, 3]]) for w in windows]
     fig.update_layout(**_layout(title(first), height=500, sliders=[_slider(steps, _t("window W = "), active=start)],
                                 # top left of the right panel, which the rising lines leave empty
-                                legend=dict(x=0.57, y=0.98, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.7)"),
-                                margin=dict(l=60, r=20, t=80, b=60)))
+                                legend=dict(x=0.57, y=0.98, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.7)")))
     fig.update_yaxes(autorange="reversed", title_text="query (position)", row=1, col=1)
     fig.update_xaxes(title_text="key (position)", row=1, col=1)
     fig.update_yaxes(title_text="keys seen", range=[0, T + 1], row=1, col=2)
