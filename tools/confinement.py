@@ -182,35 +182,46 @@ def read_record(root, chapter, student):
     return facts, verdicts, forbid, refused, errors
 
 
-def forbidden_uses(submission, release_nb, paths):
+def forbidden_uses(submission, release_nb, paths, named=None):
     """Forbidden built-ins that the submission's solution cells, or cells it added or changed, name:
     as an attribute (F.layer_norm), an imported name, or a string of that name (getattr(F, "...")).
     Spellings built at run time escape this scan; the grading client's run-time guard and the
-    audit (dynamic code) cover those."""
+    audit (dynamic code) cover those.  ``named``: ``names_in(submission, release_nb)``, computed once
+    for all of a submission's hidden tests."""
     if not paths:
         return []
-    given = nbtools.given_code(release_nb)
     finals = {_final(p) for p in paths}
     found = []
+    for names, strings in named if named is not None else names_in(submission, release_nb):
+        names = names | (strings & finals)             # getattr(F, "layer_norm")
+        found += sorted(p for p in paths if _final(p) in names)
+    return found
+
+
+def names_in(submission, release_nb):
+    """[(names, string constants)] of each cell that ``forbidden_uses`` scans: the attributes and imported
+    names it uses, and its strings (every word of a cell that does not parse is both)."""
+    given = nbtools.given_code(release_nb)
+    out = []
     for cell in submission.cells:
         if cell.cell_type != "code" or nbtools.is_test(cell) or (cell.source in given and not nbtools.is_solution(cell)):
             continue
         try:
             tree = ast.parse(cell.source)
         except SyntaxError:
-            tree = None
-        names = set()
-        for node in ast.walk(tree) if tree else ():
+            words = set(re.findall(r"\w+", cell.source))
+            out.append((words, words))
+            continue
+        names, strings = set(), set()
+        for node in ast.walk(tree):
             if isinstance(node, ast.Attribute):
                 names.add(node.attr)
             elif isinstance(node, ast.alias):
                 names.add(node.name.rsplit(".", 1)[-1])
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in finals:
-                names.add(node.value)                 # getattr(F, "layer_norm")
-        if tree is None:
-            names = set(re.findall(r"\w+", cell.source))
-        found += sorted(p for p in paths if _final(p) in names)
-    return found
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                strings.add(node.value)
+        out.append((names, strings))
+    return out
 
 
 def _final(path):
@@ -225,14 +236,14 @@ def reconcile(chapter, root, student, source_nb, release_nb):
     facts, verdicts, forbid, refused, errors = read_record(root, chapter, student)
     sub_path = Path(root) / "submitted" / student / chapter / f"{name}.ipynb"
     submission = nbtools.read(sub_path)
-    changes = []
+    changes, named = [], names_in(submission, release_nb)
     with Gradebook(nbtools.gradebook_url(root)) as gb:
         for cell, test_id in hidden_ids(source_nb).items():
             try:
                 grade = gb.find_grade(cell, name, chapter, student)
             except MissingEntry:
                 continue
-            uses = forbidden_uses(submission, release_nb, forbid.get(test_id, ()))
+            uses = forbidden_uses(submission, release_nb, forbid.get(test_id, ()), named)
             why = None
             if test_id in refused:
                 changes.append((cell, f"{test_id} asked twice: the first verdict stands"))
