@@ -22,6 +22,7 @@ import hashlib
 import io
 import itertools
 import keyword
+import re
 import statistics
 import sys
 import tokenize
@@ -114,7 +115,8 @@ def _parsed(path):
     """(the lines of a reference source file, its top-level functions and classes by name): parsed once per run."""
     import ast
     source = path.read_text(encoding="utf-8")
-    return (source.splitlines(keepends=True),
+    # Lines end as the tokenizer ends them (\r\n, \r or \n only): str.splitlines also splits at \f, \x1c or \u2028.
+    return (re.findall(r"[^\r\n]*(?:\r\n?|\n)?", source),
             {node.name: node for node in ast.parse(source).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))})
 
 
