@@ -517,3 +517,24 @@ def test_each_reference_runs_within_its_exercises_allowlist(test_id):
     hidden test's harness around it, is allowed."""
     from attncourse.autograde import run_hidden_test
     assert run_hidden_test(test_id, _reference_for(test_id))["failures"] == []
+
+
+def test_nbgrader_metadata_it_cannot_read_is_dropped_even_after_readable_copies(tmp_path):
+    """restore_test_cells reads each distinct cell metadata with nbgrader once per run: a cell whose metadata
+    nbgrader cannot read is dropped whatever the class's earlier notebooks held, and a readable one is kept."""
+    import copy
+
+    import grade_class
+    import nbtools
+    source = nbtools.read(nbtools.chapter_notebook("ch02"))
+    name = nbtools.chapter_notebook("ch02").name
+    broken = copy.deepcopy(source)
+    at = next(i for i, c in enumerate(broken.cells) if nbtools.is_solution(c))
+    del broken.cells[at].metadata["nbgrader"]["schema_version"]         # nbgrader refuses a cell without it
+    for student, nb in (("first", source), ("second", broken), ("third", source)):
+        nbtools.write(nb, tmp_path / "submitted" / student / "ch02" / name)
+    assert grade_class.restore_test_cells("ch02", "first", tmp_path, source) == []
+    notes = grade_class.restore_test_cells("ch02", "second", tmp_path, source)
+    assert notes == [f"dropped unreadable nbgrader metadata of cell {at}"]
+    assert "nbgrader" not in nbtools.read(tmp_path / "submitted" / "second" / "ch02" / name).cells[at].metadata
+    assert grade_class.restore_test_cells("ch02", "third", tmp_path, source) == []

@@ -182,17 +182,14 @@ def read_record(root, chapter, student):
     return facts, verdicts, forbid, refused, errors
 
 
-def forbidden_uses(submission, release_nb, paths, named=None):
+def forbidden_uses(named, paths):
     """Forbidden built-ins that the submission's solution cells, or cells it added or changed, name:
     as an attribute (F.layer_norm), an imported name, or a string of that name (getattr(F, "...")).
-    Spellings built at run time escape this scan; the grading client's run-time guard and the
-    audit (dynamic code) cover those.  ``named``: ``names_in(submission, release_nb)``, computed once
-    for all of a submission's hidden tests."""
-    if not paths:
-        return []
+    ``named``: ``names_in`` of the submission, scanned once for all its hidden tests.  Spellings built at
+    run time escape this scan; the grading client's run-time guard and the audit (dynamic code) cover those."""
     finals = {_final(p) for p in paths}
     found = []
-    for names, strings in named if named is not None else names_in(submission, release_nb):
+    for names, strings in named:
         names = names | (strings & finals)             # getattr(F, "layer_norm")
         found += sorted(p for p in paths if _final(p) in names)
     return found
@@ -243,7 +240,7 @@ def reconcile(chapter, root, student, source_nb, release_nb):
                 grade = gb.find_grade(cell, name, chapter, student)
             except MissingEntry:
                 continue
-            uses = forbidden_uses(submission, release_nb, forbid.get(test_id, ()), named)
+            uses = forbidden_uses(named, forbid.get(test_id, ()))
             why = None
             if test_id in refused:
                 changes.append((cell, f"{test_id} asked twice: the first verdict stands"))

@@ -181,20 +181,17 @@ def restore_test_cells(chapter, student, root, source):
     nb = nbtools.read(path)
     validator, notes = MetadataValidator(), []
     for i, cell in enumerate(nb.cells):
-        if "nbgrader" in cell.metadata:
-            try:
-                key = (cell.cell_type, json.dumps(cell.metadata["nbgrader"], sort_keys=True))
-            except (TypeError, ValueError):
-                key = None
-            if key not in _READABLE:
-                try:
-                    validator.validate_cell(cell)
-                except Exception:              # any shape nbgrader cannot read
-                    notes.append(f"dropped unreadable nbgrader metadata of cell {i}")
-                    del cell.metadata["nbgrader"]
-                    continue
-                if key is not None:
-                    _READABLE.add(key)
+        if "nbgrader" not in cell.metadata:
+            continue
+        key = (cell.cell_type, json.dumps(cell.metadata["nbgrader"], sort_keys=True))
+        if key in _READABLE:
+            continue
+        try:
+            validator.validate_cell(cell)
+            _READABLE.add(key)
+        except Exception:              # any shape nbgrader cannot read
+            notes.append(f"dropped unreadable nbgrader metadata of cell {i}")
+            del cell.metadata["nbgrader"]
     seen = set()
     for i, cell in enumerate(nb.cells):
         gid = nbtools.grade_info(cell).get("grade_id")
