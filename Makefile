@@ -6,6 +6,7 @@ VENV   ?= .venv
 BIN    := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 STAMP  := $(VENV)/.installed
+UV     := uv==0.13.9
 CH     ?= ch02
 # `make release CH=ch02 LANG=zh`: the student version in Chinese.  Only a LANG given on make's command
 # line counts (the shell's LANG is a locale such as C.UTF-8); the tools themselves keep the shell's.
@@ -44,10 +45,14 @@ help:
 $(STAMP): requirements.txt utils/pyproject.toml solutions/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the pinned packages into $(VENV) (a few minutes the first time)..."
+	@# uv installs them in a third of pip's time (31 s against 73 s here, both with empty caches), from the
+	@# sources pip is configured with (tools/uv_options.py); pip does it where uv cannot be installed.
 	@# Byte-compiled on every core at once (pip compiles on one: 40 of its 84 s; compileall -j 0 takes 25 s on two).
 	@# Compiled here or never: where PYTHONDONTWRITEBYTECODE is set, Python writes no .pyc and every process compiles
 	@# all it imports again.  A file that is not Python 3 (some packages' test data) fails here as it does under pip.
-	$(BIN)/python -m pip install -qq --no-compile -r requirements.txt
+	$(BIN)/python -m pip install -qq $(UV) && $(BIN)/uv pip install -q --python $(BIN)/python \
+	    $$($(BIN)/python tools/uv_options.py) -r requirements.txt \
+	  || $(BIN)/python -m pip install -qq --no-compile -r requirements.txt
 	-$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib >/dev/null
 	$(BIN)/python -m pip install -qq --no-deps -e utils -e solutions
 	@# rfc3987-syntax (jupyter-events' jsonschema[format-nongpl]) compiles a grammar whenever jsonschema is

@@ -240,3 +240,15 @@ def test_binder_installs_the_pinned_learner_environment():
     assert needed - set(binder) == set(), f"not pinned for Binder: {sorted(needed - set(binder))}"
     post = (ROOT / "binder" / "postBuild")
     assert os.access(post, os.X_OK) and "pip install --no-deps ./utils" in post.read_text()
+
+
+def test_make_env_points_uv_where_pip_looks():
+    """`make env` installs with uv, which reads no pip configuration: tools/uv_options.py passes it pip's
+    package sources (a variable in the environment over a file), and lets uv take the best version of any."""
+    import uv_options
+    listing = ("global.extra-index-url='file:///a/simple file:///b/simple'\nglobal.find-links='/file'\n"
+               ":env:.find-links='/env'\nglobal.cert='/ca.pem'\nuser.constraint='/c.txt'\n")
+    assert uv_options.uv_options(uv_options.pip_config(listing)) == [
+        "--index-strategy", "unsafe-best-match", "--extra-index-url", "file:///a/simple",
+        "--extra-index-url", "file:///b/simple", "--find-links", "/env", "--constraint", "/c.txt"]
+    assert uv_options.uv_options(uv_options.pip_config("")) == ["--index-strategy", "unsafe-best-match"]
