@@ -55,7 +55,8 @@ def test_release_fetch_submit_collect_autograde_feedback_through_the_exchange(tm
     course, exchange, homes = tmp_path / "course", tmp_path / "exchange", tmp_path / "home"
     exchange.mkdir()
     # The fake class: release/ and, for each student, the notebook they will hand in.
-    students = fakeclass.build(CHAPTER, course, only=STUDENTS)
+    # Without the demonstrations, which chapter 00's fake class runs for both (tests/test_fake_class.py).
+    students = fakeclass.build(CHAPTER, course, only=STUDENTS, demonstrations=())
     work = tmp_path / "work"
     shutil.move(course / "submitted", work)          # the students' work, not yet handed in
     name = nbtools.chapter_notebook(CHAPTER).name

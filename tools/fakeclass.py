@@ -12,7 +12,8 @@ Used by tests/test_fake_class.py and tools/benchmark.py.  Students:
 Every student but ``correct`` and ``blank`` skips the chapter's demonstrations
 (``without_demonstrations``): they differ from ``correct`` only in graded cells, which never depend on
 a demonstration, and ``correct`` and ``blank`` still run every cell under grading.  This halves the
-cost of a student (ch07: 7.9 s each in the class run with the demonstrations, 3.6 s without).
+cost of a student (ch07: 7.9 s each in the class run with the demonstrations, 3.6 s without).  Tests that
+grade a class for something else (the exchange, parallel and sharded grading) skip them for every student.
 """
 import argparse
 import importlib
@@ -262,10 +263,12 @@ def generate_assignment(chapter, root):
         shutil.copy(root / "gradebook.db", made / "gradebook.db")
 
 
-def build(chapter, root, language="en", only=None, demonstrations=False):
+def build(chapter, root, language="en", only=None, demonstrations=("correct", "blank")):
     """Write release/ and submitted/ for the fake class under ``root``; return [Student].
     ``language="zh"``: the release is the Chinese edition (as `make release LANG=zh` makes it).
-    ``demonstrations``: every student runs the chapter's demonstrations, as real students do.
+    ``demonstrations``: the students who run the chapter's demonstrations (True: every student, as real students
+    do; ``()``: none, where a test grades a class for something else than the demonstrations, which every
+    chapter's fake class runs).
     ``only``: the names of the students to make (default: the whole class)."""
     root = Path(root)
     (root / "chapters").mkdir(parents=True, exist_ok=True)
@@ -288,7 +291,7 @@ def build(chapter, root, language="en", only=None, demonstrations=False):
         students = [s for s in students if s.name in only]
     for s in students:
         nb = release if s.name == "blank" else nbtools.solve(instructor, release, s.overrides)
-        if s.name not in ("correct", "blank") and not demonstrations:
+        if demonstrations is not True and s.name not in demonstrations:
             nb = without_demonstrations(nb, instructor)
         nbtools.write(nb, root / "submitted" / s.name / chapter / name)
     return students
