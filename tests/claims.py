@@ -168,10 +168,21 @@ CLAIMS = {
     "ch06": [
         Claim("MLA, which caches 40 numbers per token and layer against multi-head attention's 128 (less than a third)",
               "def train_with(", lambda out: row(out, "MLA, r 32, rope 8")[-2] == 40
-              and row(out, "multi-head (6.4, step 300)")[-2] == 128),
-        Claim("ends the 300 steps with the lowest validation loss of the three", "def train_with(",
-              lambda out: row(out, "MLA, r 32, rope 8")[-1] < min(row(out, "multi-head (6.4, step 300)")[-1],
-                                                                   row(out, "GQA, 2 kv heads")[-1])),
+              and row(out, "multi-head (6.4, step 100)")[-2] == 128),
+        # §6.8's three layers after 100 steps of §6.4's recipe: multi-head 2.791, GQA 2.960, MLA 2.515 here (MLA
+        # lowest by 0.28, GQA behind multi-head by 0.17, all at least 0.44 above step 900's 2.079). The checks keep
+        # margins that a machine whose floating point trains slightly different models keeps.
+        Claim("has the lowest validation loss of the three, by more than a tenth of a nat", "def train_with(",
+              lambda out: row(out, "MLA, r 32, rope 8")[-1] + 0.1 < min(row(out, "multi-head (6.4, step 100)")[-1],
+                                                                         row(out, "GQA, 2 kv heads")[-1])),
+        Claim("At step 100 the three are early in their training, all well above the loss that §6.4's model reaches "
+              "at step 900 (the last line)", "def train_with(",
+              lambda out: out.rstrip().splitlines()[-1].startswith("multi-head (6.4, step 900)")
+              and min(row(out, label)[-1] for label in ("multi-head (6.4, step 100)", "GQA, 2 kv heads",
+                                                        "MLA, r 32, rope 8"))
+              > row(out, "multi-head (6.4, step 900)")[-1] + 0.2),
+        Claim("grouped-query attention, behind multi-head attention at step 100", "def train_with(",
+              lambda out: row(out, "GQA, 2 kv heads")[-1] > row(out, "multi-head (6.4, step 100)")[-1] + 0.05),
         Claim("At the course's width, with 8 heads, MLA's 288 numbers lie between grouped-query attention with two "
               "key/value heads (256) and multi-head attention (1,024): the latent is as large as the cache of 2.25 "
               "key/value heads", "def per_token(kind",
@@ -251,12 +262,14 @@ CLAIMS = {
               "four", "class WindowedAttention",
               lambda out: max(numbers(r"([\d.]+)%", out.split("first position, by layer:")[1].split(";")[0])) <= 2.0
               and max(numbers(r"([\d.]+)%", out.split("on the first four:")[1])) < 10.0),
+        # 100 steps of fine-tuning: both columns of both copies below the row before it (by 0.04 at least here);
+        # after 75 steps the copy with sink logits was still above it inside the first window (2.120 against 2.111).
         Claim("Both copies gain from the extra steps", "def finetune(",
-              lambda out: max(row(out, "150 steps without")[-1], row(out, "150 steps with learned")[-1])
-              < row(out, "before fine-tuning")[-1]),
+              lambda out: all(a < b for label in ("100 steps without", "100 steps with learned")
+                              for a, b in zip(row(out, label), row(out, "before fine-tuning")))),
         Claim("the copy with them still ends with a higher loss than the copy without, inside the first window and past it",
-              "def finetune(", lambda out: all(a > b for a, b in zip(row(out, "150 steps with learned"),
-                                                                      row(out, "150 steps without")))),
+              "def finetune(", lambda out: all(a > b for a, b in zip(row(out, "100 steps with learned"),
+                                                                      row(out, "100 steps without")))),
         Claim("The course's small model puts at most 2% of its weight on the first position", "class WindowedAttention",
               lambda out: max(numbers(r"([\d.]+)%", out.split("first position, by layer:")[1].split(";")[0])) <= 2.0),
         Claim("training pushes every one of them down from 0 (the last line)", "def finetune(",
