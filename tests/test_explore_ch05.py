@@ -179,7 +179,7 @@ def test_beam_shows_the_hypotheses_and_their_log_probabilities():
         order = layout["yaxis.categoryarray"]
         assert [points[t][0] for t in order] == sorted((points[t][0] for t in order), reverse=True)
         assert layout["yaxis.type"] == "category" and layout["yaxis.autorange"] == "reversed"
-    assert spec["layout"]["title"]["text"] == f"Beam search of width {width} on 'a date': answer {answer}, correct {target}"
+    assert spec["layout"]["title"]["text"] == f"Beam search of width {width} on 'a date'<br>answer {answer}, correct {target}"
     assert len(json.dumps(spec)) < 250_000
 
 

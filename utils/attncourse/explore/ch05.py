@@ -110,7 +110,7 @@ def beam(source, target, steps, answer):
                                                  "yaxis.type": "category", "yaxis.autorange": "reversed"}]))
     slider = _slider(slider_steps, "tokens written: ")
     slider["pad"] = dict(t=60)
-    fig = go.Figure(traces, _layout(f"Beam search of width {width} on {source!r}: answer {answer}, correct {target}",
+    fig = go.Figure(traces, _layout(f"Beam search of width {width} on {source!r}<br>answer {answer}, correct {target}",
                                     "log P (the hypothesis' log-probability)", "hypothesis (its text so far)", height=540,
                                     sliders=[slider], margin=dict(l=110, r=20, t=70, b=170),
                                     legend=dict(orientation="h", x=0, y=-0.5, yanchor="top"),
