@@ -57,10 +57,14 @@ def pytest_collection_modifyitems(config, items):
 # The cost of every test, for `make benchmark` (each chapter's test cost against its budget): collected where
 # the reports arrive (the controller under xdist) and written once the session ends.
 _DURATIONS = {}
+_TIMELINE = {}          # {test: [worker, first start, last stop]}: how well the workers were kept busy
 
 
 def pytest_runtest_logreport(report):
     _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    span = _TIMELINE.setdefault(report.nodeid, [getattr(worker, "id", "main"), report.start, report.stop])
+    span[1], span[2] = min(span[1], report.start), max(span[2], report.stop)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -69,4 +73,4 @@ def pytest_sessionfinish(session, exitstatus):
     import json
     out = ROOT / "_build" / "test-durations.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"exitstatus": int(exitstatus), "durations": _DURATIONS}, indent=0))
+    out.write_text(json.dumps({"exitstatus": int(exitstatus), "durations": _DURATIONS, "timeline": _TIMELINE}, indent=0))
