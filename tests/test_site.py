@@ -214,7 +214,8 @@ a.addEventListener('input', () => setTimeout(() => {
 
 def test_the_explorer_check_names_a_control_that_changes_nothing(tmp_path):
     """The browser check can fail: of two explorers, the one whose control redraws nothing is named, mouse and
-    keyboard, and the one that redraws late (0.4 s after the input) passes."""
+    keyboard, and the one that redraws late (0.4 s after the input) passes; axe-core names an image without
+    alternative text."""
     import browser_check
     if browser_check.find_chromium() is None:
         pytest.skip("no Chromium installed (apt-get install chromium)")
@@ -224,10 +225,13 @@ def test_the_explorer_check_names_a_control_that_changes_nothing(tmp_path):
     try:
         browser.open(f"http://127.0.0.1:{server.server_address[1]}/page.html")
         problems, count = browser_check.explorers(browser, "page.html", keyboard=False)
+        browser.evaluate("document.body.appendChild(document.createElement('img')); true")
+        inaccessible = browser_check.accessibility(browser)
     finally:
         browser.close()
         server.shutdown()
     assert count == 2 and problems == ["explorer dead: moving dead-k did not change the figure"], problems
+    assert [p for p in inaccessible if p.startswith("accessibility (critical): image-alt:")], inaccessible
 
 
 def test_every_page_works_in_a_browser(site, tmp_path):

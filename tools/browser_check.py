@@ -66,7 +66,10 @@ MOVE = """((id) => { const c = document.getElementById(id);
   return c.value; })"""
 AXE = ROOT / "tools" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 # WCAG 2.1 A and AA; a violation of impact "serious" or "critical" fails the page.
-AXE_RUN = """axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}})
+# resultTypes: axe still runs every rule on every node, but builds a selector for one node only of the results
+# we do not read (passes, incomplete, inapplicable): 12% of its time on the chapter pages.
+AXE_RUN = """axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']},
+  resultTypes: ['violations']})
   .then(r => JSON.stringify(r.violations.filter(v => v.impact === 'serious' || v.impact === 'critical')
   .map(v => ({id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 3).map(n => n.target.join(' '))}))))"""
 
