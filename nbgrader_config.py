@@ -25,6 +25,9 @@ c.Execute.timeout = int(os.environ.get("ATTNCOURSE_CELL_TIMEOUT", "120"))
 # exit cost about 0.9 s per student (a torch-loaded interpreter tearing down), and nothing is lost:
 # every verdict is on the grading server's record before the cell that asked for it ends.
 c.Execute.shutdown_kernel = "immediate"
+# A new kernel is ready to grade as soon as it answers: jupyter_client's client then drained iopub until 0.2 s
+# passed with no message, every student (attncourse/kernel_provisioner.py).
+c.KernelManager.client_class = "attncourse.kernel_provisioner.QuickReadyClient"
 
 # A Python warning on stderr in a test cell would score it 0.  The hidden tests already keep
 # the submission's warnings out of their cells; this also drops ones raised by visible checks.

@@ -538,3 +538,31 @@ def test_nbgrader_metadata_it_cannot_read_is_dropped_even_after_readable_copies(
     assert notes == [f"dropped unreadable nbgrader metadata of cell {at}"]
     assert "nbgrader" not in nbtools.read(tmp_path / "submitted" / "second" / "ch02" / name).cells[at].metadata
     assert grade_class.restore_test_cells("ch02", "third", tmp_path, source) == []
+
+
+def test_the_quick_ready_client_waits_for_a_kernel_that_answers_and_leaves_iopub_as_it_was():
+    """nbgrader's kernels start with attncourse.kernel_provisioner.QuickReadyClient (nbgrader_config.py): it returns
+    only once the kernel answers on shell and iopub, and the first cell's output is the cell's own."""
+    import asyncio
+
+    import nbformat
+    from nbclient import NotebookClient
+    from traitlets.config import Config
+
+    import nbtools
+    from attncourse.kernel_provisioner import QuickReadyClient
+    config = Config()
+    config.KernelManager.client_class = "attncourse.kernel_provisioner.QuickReadyClient"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('first')"), nbformat.v4.new_code_cell("1 + 1")])
+    client = NotebookClient(nb, kernel_name="python3", config=config, shutdown_kernel="immediate")
+
+    async def run():
+        async with client.async_setup_kernel():
+            assert isinstance(client.kc, QuickReadyClient)
+            assert "get_msg" not in vars(client.kc.iopub_channel)      # the class's own method again
+            for i, cell in enumerate(nb.cells):
+                await client.async_execute_cell(cell, i)
+    asyncio.run(run())
+    assert [o.get("text") for o in nb.cells[0].outputs] == ["first\n"]
+    assert nb.cells[1].outputs[0]["data"]["text/plain"] == "2"
+    assert "QuickReadyClient" in (nbtools.ROOT / "nbgrader_config.py").read_text()
