@@ -140,7 +140,8 @@ def test_costs():
     if not path.exists():
         print("\ntest costs: no record of a test run (run `make test`)")
         return
-    durations = json.loads(path.read_text())["durations"]
+    record = json.loads(path.read_text())
+    durations = record["durations"]
     print(f"\n{'chapter':<8} {'tests':>7} {'fake class':>11} {'all':>8} {'budget':>7}  verdict   (last make test)")
     for ch in nbtools.chapters():
         mine = {k: v for k, v in durations.items() if re.search(rf"(?<![0-9]){ch}(?![0-9])", k)}
@@ -151,6 +152,14 @@ def test_costs():
     rest = sum(v for k, v in durations.items() if not re.search(r"ch0\d", k))
     print(f"{'other':<8} {rest:6.1f}s (the site and browser check, attacks, scale, exchange, ...); "
           f"all tests: {sum(durations.values()):.0f} s of work")
+    timeline = record.get("timeline") or {}
+    if timeline:
+        # How well the workers were kept busy: a worker that waits for the other at the end wastes a core.
+        start, end = min(s for _, s, _ in timeline.values()), max(e for _, _, e in timeline.values())
+        for worker in sorted({w for w, _, _ in timeline.values()}):
+            spans = [(s, e) for w, s, e in timeline.values() if w == worker]
+            print(f"worker {worker}: in tests {sum(e - s for s, e in spans):.0f} s of the run's {end - start:.0f} s, "
+                  f"done {end - max(e for _, e in spans):.0f} s before the last test ended")
 
 
 def main(argv=None):
