@@ -146,7 +146,8 @@ def autograde(chapter, root, student=None, only=None):
     db = [] if os.environ.get("NBGRADER_DB_URL") else [f"--CourseDirectory.db_url={nbtools.gradebook_url(root)}?timeout=120"]
     # nbgrader checks every cell's nbgrader metadata against its schema twice per notebook (0.19 s a student, with
     # jsonschema compiling the schema for each cell); grade_class.restore_test_cells has checked the same cells
-    # already and dropped what nbgrader could not read, and the cells nbgrader overwrites come from its gradebook.
+    # already and dropped what nbgrader could not read (tools/benchmark.py grades notebooks made from the release), and
+    # the cells nbgrader overwrites come from its gradebook.
     return nbtools.nbgrader("autograde", chapter, *who, "--create", "--force", *db,
                             f"--Execute.kernel_name={KERNEL}", "--CheckCellMetadata.enabled=False", root=root)
 

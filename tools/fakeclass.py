@@ -242,7 +242,8 @@ _GENERATED = {}     # {(chapter, its notebook's bytes): a folder with the releas
 
 def generate_assignment(chapter, root):
     """``nbgrader generate_assignment`` at ``root`` (release/<chapter>/ and the gradebook's record of its cells),
-    run once per process and chapter notebook, then copied: it costs 4 s of CPU, and a test process builds
+    run once per process and chapter notebook, then copied: it cost 4 s of CPU when this was written (1.1 s for
+    chapter 04 on 3 December 2026, 0.9 s of it CPU), and a test process builds
     chapter 02's and chapter 04's classes several times.  A gradebook that holds more (another chapter's) or
     lives elsewhere (NBGRADER_DB_URL) is always written by nbgrader itself."""
     import atexit
